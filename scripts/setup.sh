@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh Debian machine; quick when everything is already there.
+# Installs: PostgreSQL 15 server and headers, clang (bindgen), sudo (cargo pgrx test --runas),
+# cargo-pgrx 0.18.1, and points pgrx at the system PostgreSQL 15.
+set -euo pipefail
+
+PGRX_VERSION=0.18.1
+PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+PACKAGES=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo)
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi
+
+if ! cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION\$"; then
+  echo "setup: installing cargo-pgrx $PGRX_VERSION (15-20 minutes on 2 cores)"
+  cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
+fi
+
+if ! grep -qs "^pg15 = \"$PG_CONFIG\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
+  cargo pgrx init --pg15 "$PG_CONFIG"
+fi

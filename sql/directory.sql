@@ -1,0 +1,98 @@
+-- Directory database objects. The rules live in the Rust trigger functions (src/directory/);
+-- this file only declares the tables and wires the triggers.
+
+-- Registry of shards: a typo'd shard name is an error, not an outage.
+CREATE TABLE shards (
+    shard_name  text        PRIMARY KEY,
+    region      text,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- The guide's table, plus target_shard: where a migrating / read_only entry is going.
+CREATE TABLE shard_directory (
+    entity_type  text        NOT NULL,          -- 'tenant', 'account', 'region'
+    entity_id    text        NOT NULL,
+    shard_name   text        NOT NULL REFERENCES shards (shard_name),
+    region       text,
+    state        text        NOT NULL DEFAULT 'active'
+                             CHECK (state IN ('active','migrating','read_only')),
+    target_shard text        REFERENCES shards (shard_name),
+    version      bigint      NOT NULL DEFAULT 0, -- stamped by the trigger with the statement's version
+    updated_at   timestamptz NOT NULL DEFAULT now(),
+    updated_by   text        NOT NULL DEFAULT current_user,
+    PRIMARY KEY (entity_type, entity_id)
+);
+
+CREATE INDEX shard_directory_shard_idx ON shard_directory (shard_name)
+  WHERE state <> 'active';
+
+-- One global version, bumped once by every statement that changes the directory.
+CREATE TABLE shard_directory_version (
+    id          bool PRIMARY KEY DEFAULT true CHECK (id),
+    version     bigint NOT NULL,
+    updated_at  timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO shard_directory_version (version) VALUES (0);
+
+-- Append-only: one row per inserted, updated or deleted entry.
+CREATE TABLE shard_directory_history (
+    history_id   bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    op           text        NOT NULL CHECK (op IN ('insert','update','delete')),
+    transition   text        NOT NULL,  -- insert, begin_move, freeze, cutover, abort, repoint, ...
+    entity_type  text        NOT NULL,
+    entity_id    text        NOT NULL,
+    old_shard    text,
+    new_shard    text,
+    old_state    text,
+    new_state    text,
+    old_target   text,
+    new_target   text,
+    old_region   text,
+    new_region   text,
+    version      bigint      NOT NULL,
+    changed_at   timestamptz NOT NULL DEFAULT now(),
+    changed_by   text        NOT NULL DEFAULT current_user,
+    txid         bigint      NOT NULL DEFAULT txid_current()
+);
+
+CREATE INDEX shard_directory_history_entity_idx
+    ON shard_directory_history (entity_type, entity_id, changed_at);
+
+-- Trigger order on shard_directory for one statement:
+--   statement_begin (opens the statement), guard (per row: state machine, shards, region,
+--   version stamp, who/when), history (per changed row), shard_directory_changed (notifies).
+CREATE TRIGGER shard_directory_statement_begin
+    BEFORE INSERT OR UPDATE OR DELETE ON shard_directory
+    FOR EACH STATEMENT EXECUTE FUNCTION shard_directory_statement_begin();
+
+CREATE TRIGGER shard_directory_guard
+    BEFORE INSERT OR UPDATE OR DELETE ON shard_directory
+    FOR EACH ROW EXECUTE FUNCTION shard_directory_guard();
+
+CREATE TRIGGER shard_directory_history
+    AFTER INSERT OR UPDATE OR DELETE ON shard_directory
+    FOR EACH ROW EXECUTE FUNCTION shard_directory_record_history();
+
+CREATE TRIGGER shard_directory_changed
+    AFTER INSERT OR UPDATE OR DELETE ON shard_directory
+    FOR EACH STATEMENT EXECUTE FUNCTION notify_directory_change();
+
+CREATE TRIGGER shard_directory_no_truncate
+    BEFORE TRUNCATE ON shard_directory
+    FOR EACH STATEMENT EXECUTE FUNCTION shard_directory_refuse_truncate();
+
+CREATE TRIGGER shard_directory_version_guard
+    BEFORE INSERT OR UPDATE OR DELETE ON shard_directory_version
+    FOR EACH ROW EXECUTE FUNCTION shard_directory_version_guard();
+
+CREATE TRIGGER shard_directory_version_no_truncate
+    BEFORE TRUNCATE ON shard_directory_version
+    FOR EACH STATEMENT EXECUTE FUNCTION shard_directory_refuse_truncate();
+
+CREATE TRIGGER shard_directory_history_guard
+    BEFORE INSERT OR UPDATE OR DELETE ON shard_directory_history
+    FOR EACH ROW EXECUTE FUNCTION shard_directory_history_guard();
+
+CREATE TRIGGER shard_directory_history_no_truncate
+    BEFORE TRUNCATE ON shard_directory_history
+    FOR EACH STATEMENT EXECUTE FUNCTION shard_directory_refuse_truncate();

@@ -1,0 +1,13 @@
+//! Directory role: the entity -> shard mapping, its version, notification, history and the move
+//! state machine.
+
+mod history;
+mod moves;
+mod row;
+mod statement;
+pub mod transition;
+pub mod triggers;
+
+pub fn init() {
+    statement::init();
+}

@@ -1,0 +1,177 @@
+//! The DBA's move steps as functions. Each locks the entry, checks the step against the state
+//! machine (so the error names the step), then writes it with a plain UPDATE so the triggers
+//! version, notify and record it like any other change. Each returns the new version.
+
+use pgrx::prelude::*;
+
+use super::transition::{self, EntityKey, Placement, State, Transition};
+use crate::error::SdError;
+
+fn key(entity_type: Option<&str>, entity_id: Option<&str>) -> EntityKey {
+    EntityKey {
+        entity_type: entity_type
+            .unwrap_or_else(|| {
+                SdError::NullValue {
+                    what: "entity_type",
+                }
+                .raise()
+            })
+            .to_owned(),
+        entity_id: entity_id
+            .unwrap_or_else(|| SdError::NullValue { what: "entity_id" }.raise())
+            .to_owned(),
+    }
+}
+
+fn lock_entry(key: &EntityKey, step: &'static str) -> Placement {
+    let row = Spi::connect_mut(|c| {
+        let table = c.update(
+            "SELECT state, shard_name, target_shard FROM shard_directory.shard_directory \
+             WHERE entity_type = $1 AND entity_id = $2 FOR UPDATE",
+            Some(1),
+            &[
+                key.entity_type.as_str().into(),
+                key.entity_id.as_str().into(),
+            ],
+        )?;
+        if table.is_empty() {
+            return Ok::<_, pgrx::spi::SpiError>(None);
+        }
+        let row = table.first();
+        Ok(Some((
+            row.get::<String>(1)?.unwrap_or_default(),
+            row.get::<String>(2)?.unwrap_or_default(),
+            row.get::<String>(3)?,
+        )))
+    })
+    .expect("lock directory entry");
+    let Some((state, shard_name, target_shard)) = row else {
+        SdError::UnknownEntity {
+            entity: key.clone(),
+            step,
+        }
+        .raise()
+    };
+    Placement {
+        state: State::parse(key, &state).unwrap_or_else(|e| e.raise()),
+        shard_name,
+        target_shard,
+    }
+}
+
+/// Checks `old -> new` is one of `expected`, then writes it.
+fn step(
+    key: EntityKey,
+    step: &'static str,
+    expected: &[Transition],
+    new: impl FnOnce(&Placement) -> Placement,
+) -> i64 {
+    let old = lock_entry(&key, step);
+    let new = new(&old);
+    let refused = || SdError::InvalidTransition {
+        entity: key.clone(),
+        from: old.clone(),
+        to: new.clone(),
+        step: Some(step),
+    };
+    match transition::check_update(&key, &old, &new, false) {
+        Ok(t) if expected.contains(&t) => {}
+        _ => refused().raise(),
+    }
+    Spi::connect_mut(|c| {
+        c.update(
+            "UPDATE shard_directory.shard_directory \
+             SET state = $3, shard_name = $4, target_shard = $5 \
+             WHERE entity_type = $1 AND entity_id = $2 RETURNING version",
+            None,
+            &[
+                key.entity_type.as_str().into(),
+                key.entity_id.as_str().into(),
+                new.state.as_str().into(),
+                new.shard_name.as_str().into(),
+                new.target_shard.as_deref().into(),
+            ],
+        )?
+        .first()
+        .get_one::<i64>()
+    })
+    .expect("write directory step")
+    .expect("updated row has a version")
+}
+
+#[pg_extern(volatile)]
+fn current_version() -> i64 {
+    Spi::get_one::<i64>("SELECT version FROM shard_directory.shard_directory_version")
+        .expect("read version")
+        .expect("shard_directory_version has its row")
+}
+
+/// active -> migrating towards `target_shard`: routers dual-read, writes stay on the source.
+#[pg_extern(volatile)]
+fn begin_move(
+    entity_type: Option<&str>,
+    entity_id: Option<&str>,
+    target_shard: Option<&str>,
+) -> i64 {
+    let key = key(entity_type, entity_id);
+    let target = target_shard.unwrap_or_else(|| {
+        SdError::NullValue {
+            what: "target_shard",
+        }
+        .raise()
+    });
+    step(key, "begin_move", &[Transition::BeginMove], |old| {
+        Placement {
+            state: State::Migrating,
+            shard_name: old.shard_name.clone(),
+            target_shard: Some(target.to_owned()),
+        }
+    })
+}
+
+/// migrating -> read_only before the cutover; active -> read_only is a maintenance freeze.
+#[pg_extern(volatile)]
+fn freeze(entity_type: Option<&str>, entity_id: Option<&str>) -> i64 {
+    step(
+        key(entity_type, entity_id),
+        "freeze",
+        &[Transition::Freeze, Transition::MaintenanceFreeze],
+        |old| Placement {
+            state: State::ReadOnly,
+            ..old.clone()
+        },
+    )
+}
+
+/// read_only -> active at the target: the cutover.
+#[pg_extern(volatile)]
+fn complete_move(entity_type: Option<&str>, entity_id: Option<&str>) -> i64 {
+    step(
+        key(entity_type, entity_id),
+        "complete_move",
+        &[Transition::Cutover],
+        |old| Placement {
+            state: State::Active,
+            shard_name: old
+                .target_shard
+                .clone()
+                .unwrap_or_else(|| old.shard_name.clone()),
+            target_shard: None,
+        },
+    )
+}
+
+/// migrating or read_only -> active at the source.
+#[pg_extern(volatile)]
+fn abort_move(entity_type: Option<&str>, entity_id: Option<&str>) -> i64 {
+    step(
+        key(entity_type, entity_id),
+        "abort_move",
+        &[Transition::Abort],
+        |old| Placement {
+            state: State::Active,
+            shard_name: old.shard_name.clone(),
+            target_shard: None,
+        },
+    )
+}

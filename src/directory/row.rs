@@ -1,0 +1,85 @@
+//! Reading a `shard_directory` row out of a trigger tuple.
+
+use pgrx::prelude::*;
+use pgrx::WhoAllocated;
+
+use super::transition::{EntityKey, Placement, State};
+use crate::error::SdError;
+
+pub struct Entry {
+    pub key: EntityKey,
+    pub placement: Placement,
+    pub region: Option<String>,
+}
+
+fn text<A: WhoAllocated>(t: &PgHeapTuple<'_, A>, column: &'static str) -> Option<String> {
+    t.get_by_name::<String>(column)
+        .unwrap_or_else(|e| panic!("shard_directory.{column}: {e}"))
+}
+
+fn required<A: WhoAllocated>(t: &PgHeapTuple<'_, A>, column: &'static str) -> String {
+    text(t, column).unwrap_or_else(|| SdError::NullValue { what: column }.raise())
+}
+
+impl Entry {
+    pub fn read<A: WhoAllocated>(t: &PgHeapTuple<'_, A>) -> Entry {
+        let key = EntityKey {
+            entity_type: required(t, "entity_type"),
+            entity_id: required(t, "entity_id"),
+        };
+        let state = State::parse(&key, &required(t, "state")).unwrap_or_else(|e| e.raise());
+        Entry {
+            placement: Placement {
+                state,
+                shard_name: required(t, "shard_name"),
+                target_shard: text(t, "target_shard"),
+            },
+            region: text(t, "region"),
+            key,
+        }
+    }
+
+    /// Every shard the entry names must be registered, and in the entry's region when both have one.
+    pub fn check_shards(&self) -> Result<(), SdError> {
+        let named = [
+            Some(&self.placement.shard_name),
+            self.placement.target_shard.as_ref(),
+        ];
+        for shard in named.into_iter().flatten() {
+            let found: Option<Option<String>> = Spi::connect(|c| {
+                let table = c.select(
+                    "SELECT region FROM shard_directory.shards WHERE shard_name = $1",
+                    Some(1),
+                    &[shard.as_str().into()],
+                )?;
+                if table.is_empty() {
+                    Ok::<_, pgrx::spi::SpiError>(None)
+                } else {
+                    Ok(Some(table.first().get_one::<String>()?))
+                }
+            })
+            .expect("look up shard");
+            match found {
+                None => {
+                    return Err(SdError::UnknownShard {
+                        entity: self.key.clone(),
+                        shard: shard.clone(),
+                    })
+                }
+                Some(Some(shard_region)) => match &self.region {
+                    Some(entity_region) if *entity_region != shard_region => {
+                        return Err(SdError::RegionMismatch {
+                            entity: self.key.clone(),
+                            entity_region: entity_region.clone(),
+                            shard: shard.clone(),
+                            shard_region,
+                        })
+                    }
+                    _ => {}
+                },
+                Some(None) => {}
+            }
+        }
+        Ok(())
+    }
+}

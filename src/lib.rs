@@ -1,0 +1,54 @@
+//! `shard_directory`: directory-based sharding made safe.
+//!
+//! The same library plays two roles. On the **directory database** (`directory`) it keeps the
+//! entity -> shard mapping honest: one version bump per changing statement, a notification in the
+//! same transaction, append-only history and a move state machine. On every **shard** (`shard`)
+//! it refuses work routed with an outdated view of that mapping. Every error either side raises
+//! is defined in `error`; every setting in `guc`.
+
+// `SdError` names entities and placements by value so messages need no lookups; it is raised
+// (ereport) where it is made, never carried through a loop, so its size costs nothing.
+#![allow(clippy::result_large_err)]
+
+use pgrx::prelude::*;
+
+mod directory;
+mod error;
+mod guc;
+
+::pgrx::pg_module_magic!(name, version);
+
+/// Runs once per backend when the library is loaded.
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    guc::init();
+    directory::init();
+}
+
+pgrx::extension_sql_file!(
+    "../sql/directory.sql",
+    name = "directory_objects",
+    requires = [
+        directory::triggers::shard_directory_statement_begin,
+        directory::triggers::shard_directory_guard,
+        directory::triggers::shard_directory_record_history,
+        directory::triggers::notify_directory_change,
+        directory::triggers::shard_directory_history_guard,
+        directory::triggers::shard_directory_version_guard,
+        directory::triggers::shard_directory_refuse_truncate,
+    ]
+);
+
+#[cfg(any(test, feature = "pg_test"))]
+mod pg_tests;
+
+/// Required by `cargo pgrx test`.
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    #[must_use]
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec![]
+    }
+}

@@ -1,0 +1,289 @@
+use std::fs;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+use tokio_postgres::{AsyncMessage, Client, Config, NoTls, Notification};
+
+/// One PostgreSQL 15 cluster in a temporary directory, with `shard_directory` available.
+pub struct Cluster {
+    name: String,
+    root: PathBuf,
+    port: u16,
+}
+
+/// A connection whose notifications arrive on `notifications`.
+pub struct Listener {
+    pub client: Client,
+    pub notifications: mpsc::UnboundedReceiver<Notification>,
+}
+
+fn pg_config() -> String {
+    std::env::var("PG_CONFIG").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin/pg_config".into())
+}
+
+fn pg_config_dir(flag: &str) -> PathBuf {
+    let out = Command::new(pg_config())
+        .arg(flag)
+        .output()
+        .expect("run pg_config");
+    assert!(out.status.success(), "pg_config {flag} failed");
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+fn bindir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| pg_config_dir("--bindir"))
+}
+
+fn is_root() -> bool {
+    static ROOT: OnceLock<bool> = OnceLock::new();
+    *ROOT.get_or_init(|| {
+        let out = Command::new("id").arg("-u").output().expect("run id -u");
+        String::from_utf8_lossy(&out.stdout).trim() == "0"
+    })
+}
+
+/// Server-side programs run as `postgres` when we are root: PostgreSQL refuses root.
+fn server_command(program: &str) -> Command {
+    let path = bindir().join(program);
+    if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(path);
+        c
+    } else {
+        Command::new(path)
+    }
+}
+
+fn run(mut cmd: Command, what: &str) -> Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind a free port")
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Cluster {
+    /// initdb + start. `settings` go into postgresql.conf (e.g. `shared_preload_libraries`).
+    pub fn start(name: &str, settings: &[(&str, &str)]) -> Cluster {
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let control = pg_config_dir("--sharedir").join("extension/shard_directory.control");
+        assert!(
+            control.exists(),
+            "{} is missing: install the extension first (bash scripts/install-extension.sh)",
+            control.display()
+        );
+        let root = PathBuf::from(format!(
+            "/tmp/sd-{name}-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(&root).expect("create cluster directory");
+        if is_root() {
+            run(
+                {
+                    let mut c = Command::new("chown");
+                    c.arg("postgres:").arg(&root);
+                    c
+                },
+                "chown cluster directory",
+            );
+        }
+        let data = root.join("data");
+        let mut initdb = server_command("initdb");
+        initdb
+            .args([
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+                "-D",
+            ])
+            .arg(&data);
+        run(initdb, "initdb");
+
+        let mut conf = format!(
+            "listen_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\nfsync = off\n\
+             synchronous_commit = off\nfull_page_writes = off\nmax_connections = 60\n\
+             shared_buffers = 32MB\n",
+            root.display()
+        );
+        for (k, v) in settings {
+            conf.push_str(&format!("{k} = '{v}'\n"));
+        }
+        // Appending keeps the file owned by the server's user; root may write it.
+        let mut file = fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("postgresql.conf"))
+            .expect("open postgresql.conf");
+        std::io::Write::write_all(&mut file, conf.as_bytes()).expect("write postgresql.conf");
+        // Another process may grab the port between bind and start: try a few.
+        for attempt in 0..5 {
+            let port = free_port();
+            let mut pg_ctl = server_command("pg_ctl");
+            pg_ctl
+                .args(["-w", "-t", "60", "-D"])
+                .arg(&data)
+                .arg("-l")
+                .arg(root.join("server.log"))
+                .args(["-o", &format!("-p {port}")])
+                .arg("start");
+            let out = pg_ctl.output().expect("run pg_ctl start");
+            if out.status.success() {
+                return Cluster {
+                    name: name.to_owned(),
+                    root,
+                    port,
+                };
+            }
+            eprintln!(
+                "cluster {name}: start on port {port} failed (attempt {attempt}): {}",
+                fs::read_to_string(root.join("server.log")).unwrap_or_default()
+            );
+        }
+        panic!("cluster {name}: could not start PostgreSQL");
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// libpq-style connection string (also what `psql` and the client crate take).
+    pub fn conn_str(&self, db: &str) -> String {
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname={db}",
+            self.port
+        )
+    }
+
+    pub fn config(&self, db: &str) -> Config {
+        self.conn_str(db).parse().expect("valid connection string")
+    }
+
+    /// A connection whose driver task runs on the current tokio runtime.
+    pub async fn connect(&self, db: &str) -> Client {
+        let (client, connection) = self.config(db).connect(NoTls).await.expect("connect");
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        client
+    }
+
+    /// A connection that forwards the notifications it receives.
+    pub async fn connect_listening(&self, db: &str) -> Listener {
+        let (client, mut connection) = self.config(db).connect(NoTls).await.expect("connect");
+        let (tx, notifications) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(Ok(msg)) = messages.next().await {
+                if let AsyncMessage::Notification(n) = msg {
+                    let _ = tx.send(n);
+                }
+            }
+        });
+        Listener {
+            client,
+            notifications,
+        }
+    }
+
+    /// Creates `db` with `shard_directory` installed in it.
+    pub async fn create_database_with_extension(&self, db: &str) {
+        let admin = self.connect("postgres").await;
+        admin
+            .batch_execute(&format!("CREATE DATABASE \"{db}\""))
+            .await
+            .expect("create database");
+        let client = self.connect(db).await;
+        client
+            .batch_execute("CREATE EXTENSION shard_directory")
+            .await
+            .expect("create extension");
+    }
+
+    /// Runs `pg_regress` against this cluster; returns its output and whether it passed.
+    pub fn pg_regress(
+        &self,
+        input_dir: &Path,
+        output_dir: &Path,
+        tests: &[&str],
+    ) -> (bool, String) {
+        let pg_regress = pg_config_dir("--pkglibdir").join("pgxs/src/test/regress/pg_regress");
+        fs::create_dir_all(output_dir).expect("create pg_regress output dir");
+        // with --use-existing, pg_regress expects its database to be there
+        let mut createdb = Command::new(bindir().join("createdb"));
+        createdb
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-p",
+                &self.port.to_string(),
+            ])
+            .arg("regression");
+        run(createdb, "createdb regression");
+        let out = Command::new(pg_regress)
+            .arg("--use-existing")
+            .arg(format!("--bindir={}", bindir().display()))
+            .arg(format!("--inputdir={}", input_dir.display()))
+            .arg(format!("--outputdir={}", output_dir.display()))
+            .args(["--host=127.0.0.1", "--user=postgres", "--dbname=regression"])
+            .arg(format!("--port={}", self.port))
+            .args(tests)
+            .output()
+            .expect("run pg_regress");
+        let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.push_str(&String::from_utf8_lossy(&out.stderr));
+        if !out.status.success() {
+            text.push_str(
+                &fs::read_to_string(output_dir.join("regression.diffs")).unwrap_or_default(),
+            );
+        }
+        (out.status.success(), text)
+    }
+
+    /// The server log, for diagnosing a failure.
+    pub fn server_log(&self) -> String {
+        fs::read_to_string(self.root.join("server.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let mut pg_ctl = server_command("pg_ctl");
+        pg_ctl
+            .args(["-w", "-m", "immediate", "-D"])
+            .arg(self.root.join("data"))
+            .arg("stop");
+        let _ = pg_ctl.output();
+        if std::env::var_os("SD_KEEP_CLUSTERS").is_none() {
+            let _ = fs::remove_dir_all(&self.root);
+        }
+    }
+}

@@ -1,0 +1,9 @@
+//! Throwaway PostgreSQL clusters for `shard_directory`'s end-to-end tests, demo and benchmarks:
+//! `initdb` + `pg_ctl` on free ports, as the `postgres` user when run as root, stopped on drop
+//! (also when a test panics).
+
+mod cluster;
+mod wait;
+
+pub use cluster::{Cluster, Listener};
+pub use wait::eventually;
