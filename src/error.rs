@@ -6,7 +6,8 @@ use std::fmt;
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 
-use crate::directory::transition::{EntityKey, Placement};
+use crate::directory::transition::Placement;
+use crate::entity::EntityKey;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SdError {
@@ -81,6 +82,85 @@ pub enum SdError {
     NotExtensionOwner {
         role: String,
     },
+
+    // ---- shard side: the rejections a client retries (40001), then the rest ----
+    /// `app.directory_version` is unset (`client: None`) or below `min_accepted`.
+    StaleDirectory {
+        client: Option<i64>,
+        minimum: i64,
+    },
+    /// The client's version is below the entity's fence minimum.
+    StaleEntity {
+        entity: EntityKey,
+        client: Option<i64>,
+        minimum: i64,
+    },
+    /// The entity is frozen on this shard while its cutover runs.
+    EntityFrozen {
+        entity: EntityKey,
+    },
+    /// The entity has left this shard for `moved_to` at directory version `version`.
+    EntityMoved {
+        entity: EntityKey,
+        moved_to: String,
+        version: i64,
+        client: Option<i64>,
+    },
+    /// An `app.*` setting holds a value that is not what it should be.
+    InvalidSetting {
+        name: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+    /// Only one of `app.entity_type` / `app.entity_id` is set.
+    PartialEntity {
+        set: &'static str,
+        missing: &'static str,
+    },
+    /// `raise_min_accepted` only raises; `min_accepted` is never lowered.
+    MinAcceptedNotRaised {
+        requested: i64,
+        current: i64,
+    },
+    /// `shard_settings` holds exactly one row.
+    SettingsRowFixed {
+        op: &'static str,
+    },
+    /// `protect` was given a key column the table does not have.
+    UnknownColumn {
+        table: String,
+        column: String,
+    },
+}
+
+/// Why a request was refused, as the client sees it in the DETAIL (JSON) and `stats()` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejection {
+    Stale,
+    Missing,
+    Frozen,
+    Moved,
+    Invalid,
+}
+
+impl Rejection {
+    pub const ALL: [Rejection; 5] = [
+        Rejection::Stale,
+        Rejection::Missing,
+        Rejection::Frozen,
+        Rejection::Moved,
+        Rejection::Invalid,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rejection::Stale => "stale",
+            Rejection::Missing => "missing",
+            Rejection::Frozen => "frozen",
+            Rejection::Moved => "moved",
+            Rejection::Invalid => "invalid",
+        }
+    }
 }
 
 fn allowed_steps(from: &Placement) -> &'static str {
@@ -121,6 +201,15 @@ impl SdError {
             | Self::VersionRowFixed { .. }
             | Self::TriggersMissing => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             Self::UnknownState { .. } | Self::RegionMismatch { .. } => ERRCODE_CHECK_VIOLATION,
+            Self::StaleDirectory { .. }
+            | Self::StaleEntity { .. }
+            | Self::EntityFrozen { .. }
+            | Self::EntityMoved { .. } => ERRCODE_T_R_SERIALIZATION_FAILURE,
+            Self::InvalidSetting { .. }
+            | Self::PartialEntity { .. }
+            | Self::MinAcceptedNotRaised { .. } => ERRCODE_INVALID_PARAMETER_VALUE,
+            Self::SettingsRowFixed { .. } => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            Self::UnknownColumn { .. } => ERRCODE_UNDEFINED_COLUMN,
             Self::UnknownShard { .. } => ERRCODE_FOREIGN_KEY_VIOLATION,
             Self::UnknownEntity { .. } => ERRCODE_NO_DATA_FOUND,
             Self::NullValue { .. } => ERRCODE_NULL_VALUE_NOT_ALLOWED,
@@ -128,8 +217,45 @@ impl SdError {
         }
     }
 
-    pub fn detail(&self) -> Option<String> {
+    /// The rejection a shard-side check counts this error as, if it is one.
+    pub fn rejection(&self) -> Option<Rejection> {
         match self {
+            Self::StaleDirectory { client: None, .. } => Some(Rejection::Missing),
+            Self::StaleDirectory { .. } | Self::StaleEntity { .. } => Some(Rejection::Stale),
+            Self::EntityFrozen { .. } => Some(Rejection::Frozen),
+            Self::EntityMoved { .. } => Some(Rejection::Moved),
+            Self::InvalidSetting { .. } | Self::PartialEntity { .. } => Some(Rejection::Invalid),
+            _ => None,
+        }
+    }
+
+    pub fn detail(&self) -> Option<String> {
+        use serde_json::json;
+        let entity_json = |e: &EntityKey| (e.entity_type.clone(), e.entity_id.clone());
+        match self {
+            // The DETAIL of a 40001 is one JSON object, for clients to parse (documented in README).
+            Self::StaleDirectory { client, minimum } => Some(
+                json!({"reason": self.rejection().map(Rejection::as_str), "client_version": client, "min_accepted": minimum})
+                    .to_string(),
+            ),
+            Self::StaleEntity { entity, client, minimum } => {
+                let (t, id) = entity_json(entity);
+                Some(
+                    json!({"reason": "stale", "entity_type": t, "entity_id": id, "client_version": client, "min_version": minimum})
+                        .to_string(),
+                )
+            }
+            Self::EntityFrozen { entity } => {
+                let (t, id) = entity_json(entity);
+                Some(json!({"reason": "frozen", "entity_type": t, "entity_id": id}).to_string())
+            }
+            Self::EntityMoved { entity, moved_to, version, client } => {
+                let (t, id) = entity_json(entity);
+                Some(
+                    json!({"reason": "moved", "entity_type": t, "entity_id": id, "moved_to": moved_to, "version": version, "client_version": client})
+                        .to_string(),
+                )
+            }
             Self::InvalidTransition { from, to, .. } => Some(format!(
                 "The move state machine has no step from {} to {} with this shard and target.",
                 from.state, to.state
@@ -172,6 +298,27 @@ impl SdError {
             Self::TriggersMissing => Some(
                 "Re-enable the triggers on shard_directory.shard_directory, or reinstall the extension.".into(),
             ),
+            Self::StaleDirectory { client: None, .. } => Some(
+                "Set app.directory_version to the client's directory version in the same transaction \
+                 (SELECT set_config('app.directory_version', '42', true))."
+                    .into(),
+            ),
+            Self::StaleDirectory { .. } | Self::StaleEntity { .. } => {
+                Some("Refresh the shard directory and retry the transaction.".into())
+            }
+            Self::EntityFrozen { .. } => {
+                Some("A cutover is running for this entity: retry the transaction after a short backoff.".into())
+            }
+            Self::EntityMoved { version, .. } => Some(format!(
+                "Route the transaction to moved_to with a directory version of at least {version}, and retry."
+            )),
+            Self::InvalidSetting { name, .. } => Some(format!(
+                "The client sets {name} with set_config('{name}', <value>, true)."
+            )),
+            Self::PartialEntity { .. } => Some("Set both app.entity_type and app.entity_id, or neither.".into()),
+            Self::MinAcceptedNotRaised { .. } => {
+                Some("min_accepted only rises: pass a version above the current minimum.".into())
+            }
             Self::VersionRegression { .. } => Some(
                 "Clients and shards rely on the version never going back; changes to shard_directory bump it.".into(),
             ),
@@ -241,6 +388,37 @@ impl fmt::Display for SdError {
             Self::TriggersMissing => f.write_str(
                 "shard_directory's statement trigger did not run: the directory's triggers are incomplete",
             ),
+            Self::StaleDirectory { client, minimum } => write!(
+                f,
+                "stale shard directory (client {}, minimum {minimum})",
+                client.map_or("<NULL>".to_owned(), |c| c.to_string())
+            ),
+            Self::StaleEntity { entity, client, minimum } => write!(
+                f,
+                "stale shard directory for {entity} (client {}, minimum {minimum})",
+                client.map_or("<NULL>".to_owned(), |c| c.to_string())
+            ),
+            Self::EntityFrozen { entity } => {
+                write!(f, "{entity} is frozen on this shard while its cutover runs")
+            }
+            Self::EntityMoved { entity, moved_to, version, .. } => write!(
+                f,
+                "{entity} has moved to shard \"{moved_to}\" (directory version {version})"
+            ),
+            Self::InvalidSetting { name, value, expected } => {
+                write!(f, "invalid value for {name}: \"{value}\" is not {expected}")
+            }
+            Self::PartialEntity { set, missing } => write!(f, "{set} is set but {missing} is not"),
+            Self::MinAcceptedNotRaised { requested, current } => write!(
+                f,
+                "raise_min_accepted({requested}) refused: min_accepted is already {current}"
+            ),
+            Self::SettingsRowFixed { op } => {
+                write!(f, "shard_settings holds exactly one row: {op} refused")
+            }
+            Self::UnknownColumn { table, column } => {
+                write!(f, "column \"{column}\" of table {table} does not exist")
+            }
             Self::NotExtensionOwner { role } => write!(
                 f,
                 "role \"{role}\" may not purge history: only the owner of extension shard_directory can"

@@ -1,6 +1,11 @@
 //! Every setting the extension defines or reads.
 
-use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
+use std::ffi::CStr;
+
+use pgrx::{pg_sys, GucContext, GucFlags, GucRegistry, GucSetting};
+
+use crate::entity::EntityKey;
+use crate::error::SdError;
 
 /// `shard_directory.allow_repoint`: lets a DBA re-point an entry directly (emergency only).
 pub static ALLOW_REPOINT: GucSetting<bool> = GucSetting::<bool>::new(false);
@@ -15,4 +20,82 @@ pub fn init() {
         GucContext::Userset,
         GucFlags::default(),
     );
+}
+
+/// What a client declared for this transaction through `set_config(.., true)`.
+pub struct Request {
+    /// `app.directory_version`; `None` when unset or empty (a transaction-local setting reads
+    /// as '' once its transaction is over).
+    pub version: Option<i64>,
+    /// `app.entity_type` + `app.entity_id`, when both are set.
+    pub entity: Option<EntityKey>,
+}
+
+fn setting(name: &CStr) -> Option<&'static str> {
+    // SAFETY: GetConfigOption returns NULL or a string owned by the GUC machinery that stays
+    // valid until the setting changes, which cannot happen while we read it.
+    let value = unsafe { pg_sys::GetConfigOption(name.as_ptr(), true, false) };
+    if value.is_null() {
+        return None;
+    }
+    let value = unsafe { CStr::from_ptr(value) }
+        .to_str()
+        .unwrap_or("\u{fffd}");
+    (!value.is_empty()).then_some(value)
+}
+
+/// A directory version is a non-negative 64-bit integer; anything else is a client bug that a
+/// retry cannot fix, so it is 22023, not 40001.
+fn parse_version(raw: &str) -> Result<i64, SdError> {
+    raw.trim()
+        .parse::<i64>()
+        .ok()
+        .filter(|v| *v >= 0)
+        .ok_or_else(|| SdError::InvalidSetting {
+            name: "app.directory_version",
+            value: raw.to_owned(),
+            expected: "a non-negative 64-bit integer",
+        })
+}
+
+impl Request {
+    pub fn read() -> Result<Request, SdError> {
+        let version = setting(c"app.directory_version")
+            .map(parse_version)
+            .transpose()?;
+        let entity = match (setting(c"app.entity_type"), setting(c"app.entity_id")) {
+            (Some(t), Some(id)) => Some(EntityKey {
+                entity_type: t.to_owned(),
+                entity_id: id.to_owned(),
+            }),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(SdError::PartialEntity {
+                    set: "app.entity_type",
+                    missing: "app.entity_id",
+                })
+            }
+            (None, Some(_)) => {
+                return Err(SdError::PartialEntity {
+                    set: "app.entity_id",
+                    missing: "app.entity_type",
+                })
+            }
+        };
+        Ok(Request { version, entity })
+    }
+}
+
+#[cfg(test)]
+mod unit {
+    use super::parse_version;
+
+    #[test]
+    fn versions_are_non_negative_64_bit_integers() {
+        assert_eq!(parse_version("42"), Ok(42));
+        assert_eq!(parse_version(" 7 "), Ok(7));
+        for bad in ["abc", "-1", "123456789012345678901234567890", "4.2", "0x10"] {
+            assert!(parse_version(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -13,8 +13,10 @@
 use pgrx::prelude::*;
 
 mod directory;
+mod entity;
 mod error;
 mod guc;
+mod shard;
 
 ::pgrx::pg_module_magic!(name, version);
 
@@ -23,6 +25,7 @@ mod guc;
 pub extern "C-unwind" fn _PG_init() {
     guc::init();
     directory::init();
+    shard::init();
 }
 
 pgrx::extension_sql_file!(
@@ -39,6 +42,18 @@ pgrx::extension_sql_file!(
     ]
 );
 
+pgrx::extension_sql_file!(
+    "../sql/shard.sql",
+    name = "shard_objects",
+    requires = [
+        "directory_objects",
+        shard::fences::shard_settings_guard,
+        shard::fences::shard_fences_changed,
+        shard::check::shard_directory_protect_statement,
+        shard::check::shard_directory_protect_row,
+    ]
+);
+
 #[cfg(any(test, feature = "pg_test"))]
 mod pg_tests;
 
@@ -49,6 +64,6 @@ pub mod pg_test {
 
     #[must_use]
     pub fn postgresql_conf_options() -> Vec<&'static str> {
-        vec![]
+        vec!["shared_preload_libraries = 'shard_directory'"]
     }
 }

@@ -13,6 +13,7 @@ mod tests {
     pub struct Refusal {
         pub code: PgSqlErrorCode,
         pub message: String,
+        pub detail: Option<String>,
         pub hint: Option<String>,
     }
 
@@ -44,6 +45,7 @@ mod tests {
             ) => Refusal {
                 code: r.sql_error_code(),
                 message: r.message().to_owned(),
+                detail: r.detail().map(str::to_owned),
                 hint: r.hint().map(str::to_owned),
             },
         }
@@ -344,5 +346,277 @@ mod tests {
                 "{sql}"
             );
         }
+    }
+
+    // ---------------------------------------------------------------- shard side
+
+    fn client(version: &str) {
+        Spi::run_with_args(
+            "SELECT set_config('app.directory_version', $1, true)",
+            &[version.into()],
+        )
+        .unwrap();
+    }
+
+    fn entity(id: &str) {
+        Spi::run_with_args(
+            "SELECT set_config('app.entity_type', 'tenant', true), set_config('app.entity_id', $1, true)",
+            &[id.into()],
+        )
+        .unwrap();
+    }
+
+    const CHECK: &str = "SELECT shard_directory.assert_directory_version()";
+
+    fn json(detail: Option<String>) -> serde_json::Value {
+        serde_json::from_str(&detail.expect("a DETAIL")).expect("DETAIL is JSON")
+    }
+
+    #[pg_test]
+    fn a_fresh_version_is_accepted_and_a_stale_one_refused_with_the_guides_message() {
+        Spi::run("SELECT shard_directory.raise_min_accepted(42)").unwrap();
+        client("42");
+        Spi::run(CHECK).unwrap();
+        client("43");
+        Spi::run(CHECK).unwrap();
+        client("41");
+        let r = refusal(CHECK);
+        assert_eq!(r.code, ERRCODE_T_R_SERIALIZATION_FAILURE);
+        assert_eq!(r.message, "stale shard directory (client 41, minimum 42)");
+        let d = json(r.detail);
+        assert_eq!(
+            (
+                d["reason"].as_str(),
+                d["client_version"].as_i64(),
+                d["min_accepted"].as_i64()
+            ),
+            (Some("stale"), Some(41), Some(42))
+        );
+    }
+
+    #[pg_test]
+    fn bad_version_settings_each_get_their_documented_error() {
+        // unset, and empty (what a transaction-local setting reads as after its transaction)
+        let r = refusal(CHECK);
+        assert_eq!(
+            (r.code, r.message.as_str()),
+            (
+                ERRCODE_T_R_SERIALIZATION_FAILURE,
+                "stale shard directory (client <NULL>, minimum 0)"
+            )
+        );
+        assert_eq!(json(r.detail)["reason"], "missing");
+        client("");
+        assert_eq!(refusal(CHECK).code, ERRCODE_T_R_SERIALIZATION_FAILURE);
+        for bad in ["abc", "-1", "123456789012345678901234567890", "4.5"] {
+            client(bad);
+            let r = refusal(CHECK);
+            assert_eq!(r.code, ERRCODE_INVALID_PARAMETER_VALUE, "{bad}");
+            assert!(
+                r.message.contains(&format!("\"{bad}\""))
+                    && r.message.contains("app.directory_version"),
+                "{}",
+                r.message
+            );
+        }
+        client("5");
+        Spi::run("SELECT set_config('app.entity_type', 'tenant', true)").unwrap();
+        assert_eq!(refusal(CHECK).code, ERRCODE_INVALID_PARAMETER_VALUE);
+    }
+
+    #[pg_test]
+    fn raise_min_accepted_only_raises() {
+        assert_eq!(
+            one::<i64>("SELECT shard_directory.raise_min_accepted(10)"),
+            10
+        );
+        for v in ["10", "9", "NULL"] {
+            let r = refusal(&format!("SELECT shard_directory.raise_min_accepted({v})"));
+            assert!(
+                matches!(
+                    r.code,
+                    ERRCODE_INVALID_PARAMETER_VALUE | ERRCODE_NULL_VALUE_NOT_ALLOWED
+                ),
+                "{v}: {}",
+                r.message
+            );
+        }
+        assert_eq!(
+            refusal("SELECT shard_directory.raise_min_accepted(9)").message,
+            "raise_min_accepted(9) refused: min_accepted is already 10"
+        );
+        assert_eq!(
+            refusal("UPDATE shard_directory.shard_settings SET min_accepted = 1").code,
+            ERRCODE_INVALID_PARAMETER_VALUE
+        );
+        assert_eq!(
+            refusal("DELETE FROM shard_directory.shard_settings").code,
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
+        );
+        assert_eq!(
+            one::<i64>("SELECT min_accepted FROM shard_directory.shard_settings"),
+            10
+        );
+    }
+
+    #[pg_test]
+    fn fences_govern_their_entity_and_only_it() {
+        client("41");
+        Spi::run("SELECT shard_directory.fence_frozen('tenant', '1')").unwrap();
+        Spi::run("SELECT shard_directory.fence_moved('tenant', '2', 'shard_2', 42)").unwrap();
+        Spi::run("SELECT shard_directory.fence_owned('tenant', '3', 42)").unwrap();
+
+        entity("1");
+        let r = refusal(CHECK);
+        assert_eq!(
+            (r.code, r.message.as_str()),
+            (
+                ERRCODE_T_R_SERIALIZATION_FAILURE,
+                "tenant/1 is frozen on this shard while its cutover runs"
+            )
+        );
+        assert_eq!(json(r.detail)["reason"], "frozen");
+
+        entity("2");
+        let r = refusal(CHECK);
+        assert_eq!(r.code, ERRCODE_T_R_SERIALIZATION_FAILURE);
+        let d = json(r.detail);
+        assert_eq!(
+            (
+                d["reason"].as_str(),
+                d["moved_to"].as_str(),
+                d["version"].as_i64()
+            ),
+            (Some("moved"), Some("shard_2"), Some(42))
+        );
+        assert_eq!(
+            (d["entity_type"].as_str(), d["entity_id"].as_str()),
+            (Some("tenant"), Some("2"))
+        );
+
+        entity("3");
+        let r = refusal(CHECK);
+        assert_eq!(
+            (r.code, r.message.as_str()),
+            (
+                ERRCODE_T_R_SERIALIZATION_FAILURE,
+                "stale shard directory for tenant/3 (client 41, minimum 42)"
+            )
+        );
+        client("42");
+        Spi::run(CHECK).unwrap();
+
+        // other tenants, and clients that declare no entity, are governed by min_accepted alone
+        client("41");
+        entity("4");
+        Spi::run(CHECK).unwrap();
+        Spi::run(
+            "SELECT set_config('app.entity_type', '', true), set_config('app.entity_id', '', true)",
+        )
+        .unwrap();
+        Spi::run(CHECK).unwrap();
+
+        // a fence lifted is a fence gone
+        Spi::run("SELECT shard_directory.unfence('tenant', '1')").unwrap();
+        entity("1");
+        Spi::run(CHECK).unwrap();
+        assert_eq!(
+            refusal("TRUNCATE shard_directory.shard_fences").code,
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
+        );
+    }
+
+    #[pg_test]
+    fn protect_checks_every_write_without_the_application_calling_anything() {
+        Spi::run(
+            "CREATE TABLE orders (tenant_id int, item text); \
+             SELECT shard_directory.protect('orders'); \
+             SELECT shard_directory.protect('orders'); \
+             SELECT shard_directory.raise_min_accepted(5)",
+        )
+        .unwrap();
+        let triggers =
+            || one::<i64>("SELECT count(*) FROM pg_trigger WHERE tgrelid = 'orders'::regclass");
+        assert_eq!(triggers(), 1, "protecting twice is harmless");
+        client("4");
+        for sql in [
+            "INSERT INTO orders VALUES (1, 'a')",
+            "UPDATE orders SET item = 'b'",
+            "DELETE FROM orders",
+            "TRUNCATE orders",
+        ] {
+            assert_eq!(
+                refusal(sql).code,
+                ERRCODE_T_R_SERIALIZATION_FAILURE,
+                "{sql}"
+            );
+        }
+        client("5");
+        Spi::run("INSERT INTO orders VALUES (1, 'a'), (2, 'b')").unwrap();
+
+        // the row form: a multi-tenant statement touching a moved tenant's row is refused whole
+        Spi::run("SELECT shard_directory.protect('orders', 'tenant_id', 'tenant')").unwrap();
+        assert_eq!(triggers(), 2);
+        Spi::run("SELECT shard_directory.fence_moved('tenant', '2', 'shard_2', 6)").unwrap();
+        let r = refusal("UPDATE orders SET item = 'c'");
+        assert_eq!(r.code, ERRCODE_T_R_SERIALIZATION_FAILURE);
+        assert_eq!(json(r.detail)["moved_to"], "shard_2");
+        assert_eq!(
+            refusal("INSERT INTO orders VALUES (3, 'x'), (2, 'y')").code,
+            ERRCODE_T_R_SERIALIZATION_FAILURE
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM orders WHERE item IN ('a', 'b')"),
+            2
+        );
+        Spi::run("UPDATE orders SET item = 'c' WHERE tenant_id = 1").unwrap();
+
+        assert_eq!(
+            refusal("SELECT shard_directory.protect('orders', 'nope', 'tenant')").code,
+            ERRCODE_UNDEFINED_COLUMN
+        );
+        assert_eq!(
+            refusal("SELECT shard_directory.protect('no_such_table')").code,
+            ERRCODE_UNDEFINED_TABLE
+        );
+        Spi::run("SELECT shard_directory.unprotect('orders')").unwrap();
+        assert_eq!(triggers(), 0);
+        client("1");
+        Spi::run("DELETE FROM orders").unwrap();
+    }
+
+    #[pg_test]
+    fn stats_count_checks_and_rejections_by_reason() {
+        let count = |reason: &str| {
+            Spi::get_one_with_args::<i64>(
+                "SELECT count FROM shard_directory.stats() WHERE reason = $1",
+                &[reason.into()],
+            )
+            .unwrap()
+            .unwrap()
+        };
+        let (checks, stale, missing, invalid) = (
+            count("checks"),
+            count("stale"),
+            count("missing"),
+            count("invalid"),
+        );
+        refusal(CHECK);
+        client("abc");
+        refusal(CHECK);
+        Spi::run("SELECT shard_directory.raise_min_accepted(3)").unwrap();
+        client("2");
+        refusal(CHECK);
+        client("3");
+        Spi::run(CHECK).unwrap();
+        assert_eq!(
+            (
+                count("checks") - checks,
+                count("stale") - stale,
+                count("missing") - missing,
+                count("invalid") - invalid
+            ),
+            (4, 1, 1, 1)
+        );
     }
 }

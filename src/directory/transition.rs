@@ -3,19 +3,8 @@
 
 use std::fmt;
 
+pub use crate::entity::EntityKey;
 use crate::error::SdError;
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct EntityKey {
-    pub entity_type: String,
-    pub entity_id: String,
-}
-
-impl fmt::Display for EntityKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.entity_type, self.entity_id)
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {

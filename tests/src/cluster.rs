@@ -48,16 +48,20 @@ fn is_root() -> bool {
     })
 }
 
-/// Server-side programs run as `postgres` when we are root: PostgreSQL refuses root.
+/// Server-side programs run as `postgres` when we are root: PostgreSQL refuses root. The server
+/// must not inherit RUST_BACKTRACE: pgrx would append backtraces to error DETAILs.
 fn server_command(program: &str) -> Command {
     let path = bindir().join(program);
-    if is_root() {
+    let mut c = if is_root() {
         let mut c = Command::new("runuser");
         c.args(["-u", "postgres", "--"]).arg(path);
         c
     } else {
         Command::new(path)
-    }
+    };
+    c.env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE");
+    c
 }
 
 fn run(mut cmd: Command, what: &str) -> Output {

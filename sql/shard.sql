@@ -1,0 +1,38 @@
+-- Shard objects. The check, the locks and the cache live in Rust (src/shard/); this file only
+-- declares the tables and wires the triggers that keep every change to them visible to the check.
+
+-- The guide's singleton: requests with a directory version below min_accepted are refused.
+CREATE TABLE shard_settings (
+    id           bool        PRIMARY KEY DEFAULT true CHECK (id),
+    min_accepted bigint      NOT NULL DEFAULT 0 CHECK (min_accepted >= 0),
+    updated_at   timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO shard_settings DEFAULT VALUES;
+
+-- Per-entity fences: one tenant's move never rejects other tenants' clients.
+CREATE TABLE shard_fences (
+    entity_type  text        NOT NULL,
+    entity_id    text        NOT NULL,
+    state        text        NOT NULL CHECK (state IN ('owned','frozen','moved')),
+    min_version  bigint      NOT NULL DEFAULT 0 CHECK (min_version >= 0),
+    moved_to     text,
+    updated_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (entity_type, entity_id),
+    CHECK ((state = 'moved') = (moved_to IS NOT NULL))
+);
+
+CREATE TRIGGER shard_settings_guard
+    BEFORE INSERT OR UPDATE OR DELETE ON shard_settings
+    FOR EACH ROW EXECUTE FUNCTION shard_settings_guard();
+
+CREATE TRIGGER shard_settings_no_truncate
+    BEFORE TRUNCATE ON shard_settings
+    FOR EACH STATEMENT EXECUTE FUNCTION shard_directory_refuse_truncate();
+
+CREATE TRIGGER shard_fences_changed
+    BEFORE INSERT OR UPDATE OR DELETE ON shard_fences
+    FOR EACH ROW EXECUTE FUNCTION shard_fences_changed();
+
+CREATE TRIGGER shard_fences_no_truncate
+    BEFORE TRUNCATE ON shard_fences
+    FOR EACH STATEMENT EXECUTE FUNCTION shard_directory_refuse_truncate();

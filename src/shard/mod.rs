@@ -1,0 +1,18 @@
+//! Shard role: refuse work routed with an outdated view of the directory.
+//!
+//! `check` is the rule (shard-wide `min_accepted`, then the entity's fence); `locks` closes the
+//! gap between a check and a fence; `state` caches `min_accepted` and fences per backend, kept
+//! exactly as fresh as a query would be; `fences` and `protect` are the DBA's functions;
+//! `stats` counts rejections.
+
+pub(crate) mod check;
+pub(crate) mod fences;
+mod locks;
+mod protect;
+mod state;
+pub mod stats;
+
+pub fn init() {
+    state::init();
+    stats::init();
+}

@@ -1,0 +1,189 @@
+//! Per-backend cache of `min_accepted` and the fences, exactly as fresh as a query.
+//!
+//! Every change to `shard_settings` or `shard_fences` (through the functions or by hand) goes
+//! through a trigger that takes the exclusive lock and registers a relcache invalidation for the
+//! table; PostgreSQL sends it at commit, before the lock is released. A check takes its shared lock
+//! first and processes invalidations after, so a change that committed before the check's lock was
+//! granted has always reached this cache. Misses read under the latest committed snapshot (not the
+//! transaction's, which may predate the fence in REPEATABLE READ, or the statement's, taken before
+//! the lock wait).
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::ffi::CStr;
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+use crate::entity::EntityKey;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fence {
+    Owned { min_version: i64 },
+    Frozen,
+    Moved { moved_to: String, version: i64 },
+}
+
+#[derive(Clone, Copy)]
+pub struct Tables {
+    pub settings: pg_sys::Oid,
+    pub fences: pg_sys::Oid,
+}
+
+#[derive(Default)]
+struct Cache {
+    tables: Option<Tables>,
+    min_accepted: Option<i64>,
+    fences: HashMap<EntityKey, Option<Fence>>,
+    /// `INVALIDATIONS` when this cache was last known valid.
+    seen: u64,
+}
+
+thread_local! {
+    static CACHE: RefCell<Cache> = RefCell::new(Cache::default());
+    /// Bumped by the relcache callback; the callback may run while the cache is borrowed, so it
+    /// only touches this counter.
+    static INVALIDATIONS: Cell<u64> = const { Cell::new(0) };
+    static WATCHED: Cell<(pg_sys::Oid, pg_sys::Oid)> = const { Cell::new((pg_sys::InvalidOid, pg_sys::InvalidOid)) };
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn on_relcache(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    let (settings, fences) = WATCHED.get();
+    if relid == pg_sys::InvalidOid || relid == settings || relid == fences {
+        INVALIDATIONS.set(INVALIDATIONS.get() + 1);
+    }
+}
+
+pub fn init() {
+    unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(on_relcache), pg_sys::Datum::from(0)) };
+}
+
+fn with_cache<R>(f: impl FnOnce(&mut Cache) -> R) -> R {
+    CACHE.with_borrow_mut(|c| {
+        let now = INVALIDATIONS.get();
+        if c.seen != now {
+            // The tables themselves may have been dropped and re-created: forget their OIDs too.
+            *c = Cache {
+                seen: now,
+                ..Cache::default()
+            };
+        }
+        f(c)
+    })
+}
+
+fn relation(name: &CStr) -> pg_sys::Oid {
+    unsafe {
+        let ns = pg_sys::get_namespace_oid(c"shard_directory".as_ptr(), false);
+        let oid = pg_sys::get_relname_relid(name.as_ptr(), ns);
+        if oid == pg_sys::InvalidOid {
+            error!(
+                "shard_directory.{} is missing: is the extension installed here?",
+                name.to_string_lossy()
+            );
+        }
+        oid
+    }
+}
+
+/// The OIDs of `shard_settings` and `shard_fences` in this database.
+pub fn tables() -> Tables {
+    if let Some(t) = with_cache(|c| c.tables) {
+        return t;
+    }
+    let t = Tables {
+        settings: relation(c"shard_settings"),
+        fences: relation(c"shard_fences"),
+    };
+    WATCHED.set((t.settings, t.fences));
+    with_cache(|c| c.tables = Some(t));
+    t
+}
+
+/// Reads one row under the latest committed snapshot; the columns come back as text.
+fn latest_row(sql: &CStr, args: &[&str]) -> Option<Vec<Option<String>>> {
+    unsafe {
+        Spi::check_status(pg_sys::SPI_connect()).expect("SPI_connect");
+        let mut types = vec![pg_sys::TEXTOID; args.len()];
+        let plan = pg_sys::SPI_prepare(sql.as_ptr(), args.len() as i32, types.as_mut_ptr());
+        assert!(!plan.is_null(), "SPI_prepare failed");
+        let mut values: Vec<pg_sys::Datum> = args
+            .iter()
+            .map(|a| a.into_datum().expect("text datum"))
+            .collect();
+        let rc = pg_sys::SPI_execute_snapshot(
+            plan,
+            values.as_mut_ptr(),
+            std::ptr::null(),
+            pg_sys::GetLatestSnapshot(),
+            std::ptr::null_mut(),
+            true,
+            false,
+            1,
+        );
+        Spi::check_status(rc).expect("read shard state");
+        let row = if pg_sys::SPI_processed == 0 {
+            None
+        } else {
+            let table = *pg_sys::SPI_tuptable;
+            let tuple = *table.vals;
+            let natts = (*table.tupdesc).natts;
+            Some(
+                (1..=natts)
+                    .map(|i| {
+                        let v = pg_sys::SPI_getvalue(tuple, table.tupdesc, i);
+                        (!v.is_null()).then(|| CStr::from_ptr(v).to_string_lossy().into_owned())
+                    })
+                    .collect(),
+            )
+        };
+        pg_sys::SPI_finish();
+        row
+    }
+}
+
+fn int(v: &Option<String>) -> i64 {
+    v.as_deref()
+        .and_then(|s| s.parse().ok())
+        .expect("an integer column")
+}
+
+/// The shard-wide minimum version. Call with the shard-wide lock held.
+pub fn min_accepted() -> i64 {
+    if let Some(m) = with_cache(|c| c.min_accepted) {
+        return m;
+    }
+    let row = latest_row(
+        c"SELECT min_accepted FROM shard_directory.shard_settings",
+        &[],
+    )
+    .expect("shard_settings has its row");
+    let m = int(&row[0]);
+    with_cache(|c| c.min_accepted = Some(m));
+    m
+}
+
+/// The entity's fence on this shard, if any. Call with the entity's lock held.
+pub fn fence(key: &EntityKey) -> Option<Fence> {
+    if let Some(f) = with_cache(|c| c.fences.get(key).cloned()) {
+        return f;
+    }
+    let fence = latest_row(
+        c"SELECT state, min_version, moved_to FROM shard_directory.shard_fences \
+          WHERE entity_type = $1 AND entity_id = $2",
+        &[&key.entity_type, &key.entity_id],
+    )
+    .map(|row| match row[0].as_deref() {
+        Some("frozen") => Fence::Frozen,
+        Some("moved") => Fence::Moved {
+            moved_to: row[2].clone().unwrap_or_default(),
+            version: int(&row[1]),
+        },
+        _ => Fence::Owned {
+            min_version: int(&row[1]),
+        },
+    });
+    with_cache(|c| c.fences.insert(key.clone(), fence.clone()));
+    fence
+}

@@ -1,0 +1,301 @@
+//! The shard role across sessions: fences and raises wait for checked transactions in flight, a
+//! write checked after a fence commits is refused (also in REPEATABLE READ), the guide's stale
+//! v41 / move at v42 scenario on a protected table, and `stats()` across backends.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use shard_directory_e2e::{eventually, Cluster};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, Error};
+
+const DEADLINE: Duration = Duration::from_secs(10);
+const PRELOAD: &[(&str, &str)] = &[("shared_preload_libraries", "shard_directory")];
+
+async fn shard(cluster: &Cluster, db: &str) -> Client {
+    cluster.create_database_with_extension(db).await;
+    let c = cluster.connect(db).await;
+    c.batch_execute(
+        "CREATE TABLE orders (tenant_id text NOT NULL, item text NOT NULL);
+         SELECT shard_directory.protect('orders', 'tenant_id', 'tenant');",
+    )
+    .await
+    .unwrap();
+    c
+}
+
+/// Opens a transaction stamped as the client crate stamps it.
+async fn begin(c: &Client, isolation: &str, version: i64, tenant: &str) {
+    c.batch_execute(&format!("BEGIN ISOLATION LEVEL {isolation}"))
+        .await
+        .unwrap();
+    c.execute(
+        "SELECT set_config('app.directory_version', $1, true), set_config('app.entity_type', 'tenant', true), \
+         set_config('app.entity_id', $2, true)",
+        &[&version.to_string(), &tenant],
+    )
+    .await
+    .unwrap();
+}
+
+async fn insert(c: &Client, tenant: &str, item: &str) -> Result<u64, Error> {
+    c.execute("INSERT INTO orders VALUES ($1, $2)", &[&tenant, &item])
+        .await
+}
+
+/// One stamped write in its own transaction.
+async fn write(c: &Client, version: i64, tenant: &str, item: &str) -> Result<(), Error> {
+    begin(c, "READ COMMITTED", version, tenant).await;
+    match insert(c, tenant, item).await {
+        Ok(_) => c.batch_execute("COMMIT").await,
+        Err(e) => {
+            c.batch_execute("ROLLBACK").await.unwrap();
+            Err(e)
+        }
+    }
+}
+
+fn retryable(e: &Error) -> (String, Value) {
+    let db = e.as_db_error().expect("a database error");
+    assert_eq!(
+        db.code(),
+        &SqlState::T_R_SERIALIZATION_FAILURE,
+        "{}",
+        db.message()
+    );
+    let detail = serde_json::from_str(db.detail().expect("DETAIL")).expect("DETAIL is JSON");
+    (db.message().to_owned(), detail)
+}
+
+async fn wait_for_lock(observer: &Client, pid: i32, what: &str) {
+    eventually(what, DEADLINE, || async {
+        let row = observer
+            .query_one("SELECT wait_event_type IS NOT DISTINCT FROM 'Lock' FROM pg_stat_activity WHERE pid = $1", &[&pid])
+            .await
+            .unwrap();
+        row.get::<_, bool>(0).then_some(())
+    })
+    .await;
+}
+
+async fn pid(c: &Client) -> i32 {
+    c.query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+async fn count(c: &Client, tenant: &str) -> i64 {
+    c.query_one(
+        "SELECT count(*) FROM orders WHERE tenant_id = $1",
+        &[&tenant],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+#[tokio::test]
+async fn a_fence_waits_for_checked_writes_in_flight_and_refuses_writes_checked_after_it() {
+    let cluster = Cluster::start("shard-fence", &[]);
+    let dba = shard(&cluster, "shard_1").await;
+    let writer = cluster.connect("shard_1").await;
+    let late_rr = cluster.connect("shard_1").await;
+    let other = cluster.connect("shard_1").await;
+    let fencer = cluster.connect("shard_1").await;
+    let fencer_pid = pid(&fencer).await;
+
+    // A checked write is open; a REPEATABLE READ transaction has taken its snapshot.
+    begin(&writer, "READ COMMITTED", 41, "8842").await;
+    insert(&writer, "8842", "in flight").await.unwrap();
+    begin(&late_rr, "REPEATABLE READ", 41, "8842").await;
+    late_rr
+        .query_one("SELECT count(*) FROM orders", &[])
+        .await
+        .unwrap();
+
+    let fence = tokio::spawn(async move {
+        fencer
+            .execute(
+                "SELECT shard_directory.fence_moved('tenant', '8842', 'shard_2', 42)",
+                &[],
+            )
+            .await
+            .unwrap();
+    });
+    wait_for_lock(&dba, fencer_pid, "the fence to wait for the checked write").await;
+    assert!(!fence.is_finished());
+    // Another tenant's checked write is not held up by this tenant's fence.
+    write(&other, 41, "7", "unaffected").await.unwrap();
+
+    writer.batch_execute("COMMIT").await.unwrap();
+    tokio::time::timeout(DEADLINE, fence)
+        .await
+        .expect("fence completes")
+        .unwrap();
+
+    // Checked after the fence committed: refused, with where the tenant went.
+    let (message, detail) = retryable(&write(&writer, 41, "8842", "late").await.unwrap_err());
+    assert_eq!(
+        message,
+        "tenant/8842 has moved to shard \"shard_2\" (directory version 42)"
+    );
+    assert_eq!(
+        (detail["moved_to"].as_str(), detail["version"].as_i64()),
+        (Some("shard_2"), Some(42))
+    );
+    // Also when the transaction's snapshot predates the fence.
+    let err = insert(&late_rr, "8842", "late rr").await.unwrap_err();
+    assert_eq!(retryable(&err).1["reason"], "moved");
+    late_rr.batch_execute("ROLLBACK").await.unwrap();
+
+    assert_eq!(
+        count(&dba, "8842").await,
+        1,
+        "only the write checked before the fence landed"
+    );
+}
+
+#[tokio::test]
+async fn raising_min_accepted_waits_for_checked_transactions_in_flight() {
+    let cluster = Cluster::start("shard-raise", &[]);
+    let dba = shard(&cluster, "shard_1").await;
+    let client = cluster.connect("shard_1").await;
+    let raiser = cluster.connect("shard_1").await;
+    let raiser_pid = pid(&raiser).await;
+
+    begin(&client, "READ COMMITTED", 5, "1").await;
+    client
+        .execute("SELECT shard_directory.assert_directory_version()", &[])
+        .await
+        .unwrap();
+    let raise = tokio::spawn(async move {
+        raiser
+            .query_one("SELECT shard_directory.raise_min_accepted(6)", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    });
+    wait_for_lock(
+        &dba,
+        raiser_pid,
+        "the raise to wait for the checked transaction",
+    )
+    .await;
+    insert(&client, "1", "before the raise").await.unwrap();
+    client.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(
+        tokio::time::timeout(DEADLINE, raise)
+            .await
+            .unwrap()
+            .unwrap(),
+        6
+    );
+
+    let (message, detail) = retryable(&write(&client, 5, "1", "after").await.unwrap_err());
+    assert_eq!(message, "stale shard directory (client 5, minimum 6)");
+    assert_eq!(detail["reason"], "stale");
+    write(&client, 6, "1", "fresh").await.unwrap();
+}
+
+#[tokio::test]
+async fn the_guides_stale_v41_client_is_refused_and_lands_on_the_right_shard_at_v42() {
+    let cluster = Cluster::start("shard-guide", &[]);
+    let shard_1 = shard(&cluster, "shard_1").await;
+    let shard_2 = shard(&cluster, "shard_2").await;
+    write(&shard_1, 41, "8842", "before the move")
+        .await
+        .unwrap();
+
+    // The move completes at directory version 42.
+    shard_1
+        .execute(
+            "SELECT shard_directory.fence_moved('tenant', '8842', 'shard_2', 42)",
+            &[],
+        )
+        .await
+        .unwrap();
+    shard_2
+        .execute(
+            "SELECT shard_directory.fence_owned('tenant', '8842', 42)",
+            &[],
+        )
+        .await
+        .unwrap();
+
+    // Without the check this write would succeed on shard_1 and be invisible to correct reads.
+    let (_, detail) = retryable(
+        &write(&shard_1, 41, "8842", "stale write")
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(detail["moved_to"], "shard_2");
+    // A v41 client that guessed the new shard is refused there too: it must refresh first.
+    let (message, _) = retryable(
+        &write(&shard_2, 41, "8842", "stale write")
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        message,
+        "stale shard directory for tenant/8842 (client 41, minimum 42)"
+    );
+    // Refreshed to v42 and routed by moved_to: lands.
+    write(&shard_2, 42, "8842", "retried").await.unwrap();
+    assert_eq!(
+        (count(&shard_1, "8842").await, count(&shard_2, "8842").await),
+        (1, 1)
+    );
+    // Other tenants on shard_1 are not affected by this tenant's move.
+    write(&shard_1, 41, "7", "other tenant").await.unwrap();
+}
+
+#[tokio::test]
+async fn stats_count_rejections_across_backends_when_preloaded() {
+    let cluster = Cluster::start("shard-stats", PRELOAD);
+    let dba = shard(&cluster, "shard_1").await;
+    dba.execute("SELECT shard_directory.raise_min_accepted(10)", &[])
+        .await
+        .unwrap();
+    dba.execute("SELECT shard_directory.fence_frozen('tenant', '3')", &[])
+        .await
+        .unwrap();
+    let a = cluster.connect("shard_1").await;
+    let b = cluster.connect("shard_1").await;
+    assert_eq!(
+        retryable(&write(&a, 9, "1", "x").await.unwrap_err()).1["reason"],
+        "stale"
+    );
+    assert_eq!(
+        retryable(&write(&b, 9, "2", "x").await.unwrap_err()).1["reason"],
+        "stale"
+    );
+    assert_eq!(
+        retryable(&write(&b, 10, "3", "x").await.unwrap_err()).1["reason"],
+        "frozen"
+    );
+    write(&a, 10, "1", "x").await.unwrap();
+    let err = b
+        .execute("SELECT shard_directory.assert_directory_version()", &[])
+        .await
+        .unwrap_err();
+    assert_eq!(retryable(&err).1["reason"], "missing");
+
+    let rows = dba
+        .query(
+            "SELECT reason, count FROM shard_directory.stats() ORDER BY reason",
+            &[],
+        )
+        .await
+        .unwrap();
+    let stats: Vec<(String, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let expected = [
+        ("checks", 5),
+        ("frozen", 1),
+        ("invalid", 0),
+        ("missing", 1),
+        ("moved", 0),
+        ("stale", 2),
+    ];
+    assert_eq!(stats, expected.map(|(r, n)| (r.to_owned(), n)).to_vec());
+}
