@@ -6,8 +6,11 @@ use pgrx::PgRelation;
 
 use crate::error::SdError;
 
-const DROP: &str = "SELECT format('DROP TRIGGER IF EXISTS shard_directory_protect ON %1$s; \
-                    DROP TRIGGER IF EXISTS shard_directory_protect_row ON %1$s', $1::regclass)";
+/// Drops only the triggers that exist, so `protect` twice and `unprotect` say nothing.
+const DROP: &str =
+    "SELECT coalesce(string_agg(format('DROP TRIGGER %I ON %s', tgname, $1::regclass), '; '), '') \
+                    FROM pg_catalog.pg_trigger WHERE tgrelid = $1 \
+                    AND tgname IN ('shard_directory_protect', 'shard_directory_protect_row')";
 
 fn run_generated(generator: &str, args: &[pgrx::datum::DatumWithOid]) {
     Spi::connect_mut(|c| {

@@ -11,6 +11,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::CStr;
+use std::rc::Rc;
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -34,7 +35,9 @@ pub struct Tables {
 struct Cache {
     tables: Option<Tables>,
     min_accepted: Option<i64>,
-    fences: HashMap<EntityKey, Option<Fence>>,
+    /// Every fence on this shard: fences are few (entities mid-move or recently moved), and
+    /// holding them all makes the common answer, "no fence", free.
+    fences: Option<Rc<HashMap<EntityKey, Fence>>>,
     /// `INVALIDATIONS` when this cache was last known valid.
     seen: u64,
 }
@@ -101,45 +104,38 @@ pub fn tables() -> Tables {
     t
 }
 
-/// Reads one row under the latest committed snapshot; the columns come back as text.
-fn latest_row(sql: &CStr, args: &[&str]) -> Option<Vec<Option<String>>> {
+/// Runs a query under the latest committed snapshot; the columns come back as text.
+fn latest_rows(sql: &CStr) -> Vec<Vec<Option<String>>> {
     unsafe {
         Spi::check_status(pg_sys::SPI_connect()).expect("SPI_connect");
-        let mut types = vec![pg_sys::TEXTOID; args.len()];
-        let plan = pg_sys::SPI_prepare(sql.as_ptr(), args.len() as i32, types.as_mut_ptr());
+        let plan = pg_sys::SPI_prepare(sql.as_ptr(), 0, std::ptr::null_mut());
         assert!(!plan.is_null(), "SPI_prepare failed");
-        let mut values: Vec<pg_sys::Datum> = args
-            .iter()
-            .map(|a| a.into_datum().expect("text datum"))
-            .collect();
         let rc = pg_sys::SPI_execute_snapshot(
             plan,
-            values.as_mut_ptr(),
+            std::ptr::null_mut(),
             std::ptr::null(),
             pg_sys::GetLatestSnapshot(),
             std::ptr::null_mut(),
             true,
             false,
-            1,
+            0,
         );
         Spi::check_status(rc).expect("read shard state");
-        let row = if pg_sys::SPI_processed == 0 {
-            None
-        } else {
-            let table = *pg_sys::SPI_tuptable;
-            let tuple = *table.vals;
-            let natts = (*table.tupdesc).natts;
-            Some(
+        let table = *pg_sys::SPI_tuptable;
+        let natts = (*table.tupdesc).natts;
+        let rows = (0..pg_sys::SPI_processed as usize)
+            .map(|r| {
+                let tuple = *table.vals.add(r);
                 (1..=natts)
                     .map(|i| {
                         let v = pg_sys::SPI_getvalue(tuple, table.tupdesc, i);
                         (!v.is_null()).then(|| CStr::from_ptr(v).to_string_lossy().into_owned())
                     })
-                    .collect(),
-            )
-        };
+                    .collect()
+            })
+            .collect();
         pg_sys::SPI_finish();
-        row
+        rows
     }
 }
 
@@ -149,41 +145,61 @@ fn int(v: &Option<String>) -> i64 {
         .expect("an integer column")
 }
 
+/// Loads with `load` unless cached. A value read while an invalidation arrived is used for this
+/// call (the caller's lock makes it right for the caller) but not cached: it may predate the change
+/// that invalidation announced for something the caller does not hold.
+fn cached<T: Clone>(get: impl Fn(&mut Cache) -> &mut Option<T>, load: impl FnOnce() -> T) -> T {
+    if let Some(v) = with_cache(|c| get(c).clone()) {
+        return v;
+    }
+    let before = INVALIDATIONS.get();
+    let v = load();
+    with_cache(|c| {
+        if c.seen == before {
+            *get(c) = Some(v.clone());
+        }
+    });
+    v
+}
+
 /// The shard-wide minimum version. Call with the shard-wide lock held.
 pub fn min_accepted() -> i64 {
-    if let Some(m) = with_cache(|c| c.min_accepted) {
-        return m;
-    }
-    let row = latest_row(
-        c"SELECT min_accepted FROM shard_directory.shard_settings",
-        &[],
+    cached(
+        |c| &mut c.min_accepted,
+        || {
+            let rows = latest_rows(c"SELECT min_accepted FROM shard_directory.shard_settings");
+            int(&rows.first().expect("shard_settings has its row")[0])
+        },
     )
-    .expect("shard_settings has its row");
-    let m = int(&row[0]);
-    with_cache(|c| c.min_accepted = Some(m));
-    m
 }
 
 /// The entity's fence on this shard, if any. Call with the entity's lock held.
 pub fn fence(key: &EntityKey) -> Option<Fence> {
-    if let Some(f) = with_cache(|c| c.fences.get(key).cloned()) {
-        return f;
-    }
-    let fence = latest_row(
-        c"SELECT state, min_version, moved_to FROM shard_directory.shard_fences \
-          WHERE entity_type = $1 AND entity_id = $2",
-        &[&key.entity_type, &key.entity_id],
-    )
-    .map(|row| match row[0].as_deref() {
-        Some("frozen") => Fence::Frozen,
-        Some("moved") => Fence::Moved {
-            moved_to: row[2].clone().unwrap_or_default(),
-            version: int(&row[1]),
+    let all = cached(
+        |c| &mut c.fences,
+        || {
+            let rows = latest_rows(
+                c"SELECT entity_type, entity_id, state, min_version, moved_to FROM shard_directory.shard_fences",
+            );
+            let fences = rows.into_iter().map(|row| {
+                let key = EntityKey {
+                    entity_type: row[0].clone().unwrap_or_default(),
+                    entity_id: row[1].clone().unwrap_or_default(),
+                };
+                let fence = match row[2].as_deref() {
+                    Some("frozen") => Fence::Frozen,
+                    Some("moved") => Fence::Moved {
+                        moved_to: row[4].clone().unwrap_or_default(),
+                        version: int(&row[3]),
+                    },
+                    _ => Fence::Owned {
+                        min_version: int(&row[3]),
+                    },
+                };
+                (key, fence)
+            });
+            Rc::new(fences.collect::<HashMap<_, _>>())
         },
-        _ => Fence::Owned {
-            min_version: int(&row[1]),
-        },
-    });
-    with_cache(|c| c.fences.insert(key.clone(), fence.clone()));
-    fence
+    );
+    all.get(key).cloned()
 }

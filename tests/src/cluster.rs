@@ -83,6 +83,18 @@ fn free_port() -> u16 {
         .port()
 }
 
+fn pg_ctl_start(root: &Path, port: u16) -> bool {
+    let mut pg_ctl = server_command("pg_ctl");
+    pg_ctl
+        .args(["-w", "-t", "60", "-D"])
+        .arg(root.join("data"))
+        .arg("-l")
+        .arg(root.join("server.log"))
+        .args(["-o", &format!("-p {port}")])
+        .arg("start");
+    pg_ctl.output().expect("run pg_ctl start").status.success()
+}
+
 impl Cluster {
     /// initdb + start. `settings` go into postgresql.conf (e.g. `shared_preload_libraries`).
     pub fn start(name: &str, settings: &[(&str, &str)]) -> Cluster {
@@ -145,16 +157,7 @@ impl Cluster {
         // Another process may grab the port between bind and start: try a few.
         for attempt in 0..5 {
             let port = free_port();
-            let mut pg_ctl = server_command("pg_ctl");
-            pg_ctl
-                .args(["-w", "-t", "60", "-D"])
-                .arg(&data)
-                .arg("-l")
-                .arg(root.join("server.log"))
-                .args(["-o", &format!("-p {port}")])
-                .arg("start");
-            let out = pg_ctl.output().expect("run pg_ctl start");
-            if out.status.success() {
+            if pg_ctl_start(&root, port) {
                 return Cluster {
                     name: name.to_owned(),
                     root,
@@ -167,6 +170,26 @@ impl Cluster {
             );
         }
         panic!("cluster {name}: could not start PostgreSQL");
+    }
+
+    /// Stops the server (fast shutdown: sessions are disconnected), keeping its data.
+    pub fn stop(&self) {
+        let mut pg_ctl = server_command("pg_ctl");
+        pg_ctl
+            .args(["-w", "-m", "fast", "-D"])
+            .arg(self.root.join("data"))
+            .arg("stop");
+        run(pg_ctl, "pg_ctl stop");
+    }
+
+    /// Starts a stopped server again, on the same port.
+    pub fn restart(&self) {
+        assert!(
+            pg_ctl_start(&self.root, self.port),
+            "cluster {}: restart failed:\n{}",
+            self.name,
+            self.server_log()
+        );
     }
 
     pub fn name(&self) -> &str {
@@ -230,13 +253,9 @@ impl Cluster {
             .expect("create extension");
     }
 
-    /// Runs `pg_regress` against this cluster; returns its output and whether it passed.
-    pub fn pg_regress(
-        &self,
-        input_dir: &Path,
-        output_dir: &Path,
-        tests: &[&str],
-    ) -> (bool, String) {
+    /// Runs one `pg_regress` test against this cluster, in a new database named after it;
+    /// returns whether it passed and its report (with the diffs when it did not).
+    pub fn pg_regress(&self, input_dir: &Path, output_dir: &Path, test: &str) -> (bool, String) {
         let pg_regress = pg_config_dir("--pkglibdir").join("pgxs/src/test/regress/pg_regress");
         fs::create_dir_all(output_dir).expect("create pg_regress output dir");
         // with --use-existing, pg_regress expects its database to be there
@@ -250,16 +269,17 @@ impl Cluster {
                 "-p",
                 &self.port.to_string(),
             ])
-            .arg("regression");
-        run(createdb, "createdb regression");
+            .arg(test);
+        run(createdb, "createdb");
         let out = Command::new(pg_regress)
             .arg("--use-existing")
             .arg(format!("--bindir={}", bindir().display()))
             .arg(format!("--inputdir={}", input_dir.display()))
             .arg(format!("--outputdir={}", output_dir.display()))
-            .args(["--host=127.0.0.1", "--user=postgres", "--dbname=regression"])
+            .args(["--host=127.0.0.1", "--user=postgres"])
+            .arg(format!("--dbname={test}"))
             .arg(format!("--port={}", self.port))
-            .args(tests)
+            .arg(test)
             .output()
             .expect("run pg_regress");
         let mut text = String::from_utf8_lossy(&out.stdout).into_owned();

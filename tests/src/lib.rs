@@ -3,7 +3,9 @@
 //! (also when a test panics).
 
 mod cluster;
+pub mod topology;
 mod wait;
 
 pub use cluster::{Cluster, Listener};
+pub use topology::Topology;
 pub use wait::eventually;

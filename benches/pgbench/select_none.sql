@@ -1,0 +1,6 @@
+\set aid random(1, 100000 * :scale)
+BEGIN;
+SELECT set_config('app.directory_version', '42', true);
+
+SELECT abalance FROM pgbench_accounts WHERE aid = :aid;
+END;

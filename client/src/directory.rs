@@ -1,0 +1,256 @@
+//! `Directory`: lookups from the in-process cache, misses from the store, kept current by the
+//! watcher, with the outage policy applied when the directory cannot be reached.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use crate::cache::{Cache, Lookup};
+use crate::entry::{EntityKey, Entry, State};
+use crate::error::{Error, Result};
+use crate::metrics::{Counters, Stats};
+use crate::policy::Policy;
+use crate::store::Store;
+use crate::watcher::{AbortOnDrop, Watch, Watcher};
+
+/// How a [`Directory`] behaves.
+#[derive(Debug, Clone)]
+pub struct DirectoryConfig {
+    /// How often the watcher re-reads the version even without notifications (the guide's slow poll).
+    pub poll_interval: Duration,
+    /// Upper bound of the watcher's reconnect backoff.
+    pub max_reconnect_backoff: Duration,
+    /// What to serve while the directory is unreachable.
+    pub policy: Policy,
+    /// Connections used for cache misses.
+    pub store_pool_size: usize,
+    /// Subscribe to `LISTEN shard_directory`. Turn off where LISTEN is not available (a pooler in
+    /// transaction mode): the watcher then relies on the poll alone, and shards' 40001s.
+    pub listen: bool,
+}
+
+impl Default for DirectoryConfig {
+    fn default() -> Self {
+        DirectoryConfig {
+            poll_interval: Duration::from_secs(30),
+            max_reconnect_backoff: Duration::from_secs(5),
+            policy: Policy::ServeFromCache,
+            store_pool_size: 4,
+            listen: true,
+        }
+    }
+}
+
+/// Called between a fill's fetch and its store into the cache (feature `test-hooks`).
+#[cfg(feature = "test-hooks")]
+pub type FillHook = Arc<dyn Fn() -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>;
+
+struct Inner {
+    cache: Arc<Cache>,
+    watch: Arc<Watch>,
+    counters: Arc<Counters>,
+    store: Store,
+    policy: Policy,
+    _watcher: AbortOnDrop,
+    #[cfg(feature = "test-hooks")]
+    fill_hook: std::sync::Mutex<Option<FillHook>>,
+}
+
+/// The application's view of the shard directory. Cheap to clone; clones share one cache, one
+/// watcher connection and one store pool.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), shard_directory_client::Error> {
+/// use shard_directory_client::{Directory, DirectoryConfig};
+///
+/// let config = "host=127.0.0.1 dbname=directory user=app".parse().unwrap();
+/// let directory = Directory::connect(config, DirectoryConfig::default()).await?;
+/// let entry = directory.lookup("tenant", "8842").await?;
+/// println!("tenant 8842 is on {} (directory version {})", entry.shard_name, entry.directory_version);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Directory {
+    inner: Arc<Inner>,
+}
+
+impl Directory {
+    /// Connects the store, reads the current version and starts the watcher.
+    pub async fn connect(
+        config: tokio_postgres::Config,
+        settings: DirectoryConfig,
+    ) -> Result<Directory> {
+        let counters = Arc::new(Counters::default());
+        let store = Store::new(config.clone(), settings.store_pool_size, counters.clone())?;
+        let (version, _) = store.current_version().await?;
+        let cache = Arc::new(Cache::new(version));
+        let watch = Arc::new(Watch::default());
+        let watcher = Watcher {
+            config,
+            cache: cache.clone(),
+            watch: watch.clone(),
+            counters: counters.clone(),
+            poll_interval: settings.poll_interval,
+            max_backoff: settings.max_reconnect_backoff,
+            listen: settings.listen,
+        };
+        let task = AbortOnDrop(tokio::spawn(watcher.run()));
+        Ok(Directory {
+            inner: Arc::new(Inner {
+                cache,
+                watch,
+                counters,
+                store,
+                policy: settings.policy,
+                _watcher: task,
+                #[cfg(feature = "test-hooks")]
+                fill_hook: std::sync::Mutex::new(None),
+            }),
+        })
+    }
+
+    /// The entry for `(entity_type, entity_id)`.
+    pub async fn lookup(&self, entity_type: &str, entity_id: &str) -> Result<Arc<Entry>> {
+        self.lookup_key(&EntityKey::new(entity_type, entity_id))
+            .await
+    }
+
+    /// The entry for `key`: from the cache when current, else from the store. While the watcher
+    /// is disconnected the directory counts as unreachable and the [`Policy`] decides.
+    pub async fn lookup_key(&self, key: &EntityKey) -> Result<Arc<Entry>> {
+        let inner = &self.inner;
+        let (current, stale) = match inner.cache.get(key) {
+            Lookup::Current(e) => (Some(e), None),
+            Lookup::Stale(e) => (None, Some(e)),
+            Lookup::Absent => (None, None),
+        };
+        if !inner.watch.connected() {
+            return self.degraded(key, current.or(stale), None);
+        }
+        if let Some(e) = current {
+            inner.counters.hit();
+            return Ok(e);
+        }
+        inner.counters.miss();
+        match self.fill(key).await {
+            Err(Error::DirectoryUnavailable(e)) => self.degraded(key, stale, Some(e)),
+            other => other,
+        }
+    }
+
+    fn degraded(
+        &self,
+        key: &EntityKey,
+        cached: Option<Arc<Entry>>,
+        cause: Option<tokio_postgres::Error>,
+    ) -> Result<Arc<Entry>> {
+        let entry = self.inner.policy.degraded(cached, || match cause {
+            Some(e) => Error::DirectoryUnavailable(e),
+            None => Error::FailClosed {
+                entity: key.clone(),
+                state: None,
+                reason: "nothing cached for it",
+            },
+        })?;
+        self.inner.counters.served_stale();
+        Ok(entry)
+    }
+
+    /// Reads the entry from the store until a read is at least as new as every invalidation heard
+    /// meanwhile, and caches it.
+    async fn fill(&self, key: &EntityKey) -> Result<Arc<Entry>> {
+        let inner = &self.inner;
+        loop {
+            let (entry, at) = inner.store.fetch(key).await?;
+            #[cfg(feature = "test-hooks")]
+            {
+                let hook = inner.fill_hook.lock().expect("hook lock").clone();
+                if let Some(hook) = hook {
+                    hook().await;
+                }
+            }
+            // A fetch can see a version the watcher has not announced yet.
+            inner.cache.invalidate(at);
+            let Some(entry) = entry else {
+                if at >= inner.cache.version() {
+                    inner.cache.remove(key);
+                    return Err(Error::UnknownEntity(key.clone()));
+                }
+                continue;
+            };
+            let entry = Arc::new(entry);
+            if inner.cache.fill(entry.clone()) {
+                return Ok(entry);
+            }
+            tracing::debug!(entity = %key, read_at = at, "fill raced an invalidation; reading again");
+        }
+    }
+
+    /// Records what a shard said when it refused a transaction for a moved entity: the entity is
+    /// active on `moved_to` since `version`. Lets the retry go straight there, without a
+    /// directory round trip.
+    pub(crate) fn learn_moved(&self, entry: &Entry, moved_to: &str, version: i64) {
+        let cache = &self.inner.cache;
+        cache.invalidate(version);
+        let learned = Entry {
+            shard_name: moved_to.to_owned(),
+            target_shard: None,
+            state: State::Active,
+            version,
+            directory_version: cache.version(),
+            ..entry.clone()
+        };
+        cache.fill(Arc::new(learned));
+    }
+
+    /// Re-reads the global version (after a shard said this client is stale).
+    pub async fn refresh(&self) -> Result<i64> {
+        let (version, _) = self.inner.store.current_version().await?;
+        self.inner.cache.invalidate(version);
+        Ok(self.inner.cache.version())
+    }
+
+    /// The directory version this client knows.
+    pub fn version(&self) -> i64 {
+        self.inner.cache.version()
+    }
+
+    /// Whether the watcher's connection is up.
+    pub fn is_connected(&self) -> bool {
+        self.inner.watch.connected()
+    }
+
+    /// When the watcher last heard from the directory (a notification or a poll).
+    pub fn last_heard(&self) -> Option<SystemTime> {
+        self.inner.watch.last_heard()
+    }
+
+    /// When the cache was last invalidated.
+    pub fn last_invalidation(&self) -> Option<SystemTime> {
+        self.inner.watch.last_invalidation()
+    }
+
+    /// How many entries the cache holds (current or not).
+    pub fn cached_entries(&self) -> usize {
+        self.inner.cache.len()
+    }
+
+    /// The policy applied while the directory is unreachable.
+    pub fn policy(&self) -> Policy {
+        self.inner.policy
+    }
+
+    /// This client's counters.
+    pub fn stats(&self) -> Stats {
+        self.inner.counters.snapshot()
+    }
+
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.inner.counters
+    }
+
+    /// Runs `hook` between every fill's fetch and its store into the cache.
+    #[cfg(feature = "test-hooks")]
+    pub fn set_fill_hook(&self, hook: Option<FillHook>) {
+        *self.inner.fill_hook.lock().expect("hook lock") = hook;
+    }
+}

@@ -1,0 +1,64 @@
+//! What the directory says about one entity.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// `(entity_type, entity_id)`: the directory's key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct EntityKey {
+    pub entity_type: String,
+    pub entity_id: String,
+}
+
+impl EntityKey {
+    pub fn new(entity_type: impl Into<String>, entity_id: impl Into<String>) -> Self {
+        EntityKey {
+            entity_type: entity_type.into(),
+            entity_id: entity_id.into(),
+        }
+    }
+}
+
+impl fmt::Display for EntityKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.entity_type, self.entity_id)
+    }
+}
+
+/// The entry's routing state, as in `shard_directory.state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    /// Reads and writes go to `shard_name`.
+    Active,
+    /// Being copied to `target_shard`: reads go to both, writes to `shard_name`.
+    Migrating,
+    /// Cutover (or maintenance) running: writes are refused, retryably.
+    ReadOnly,
+}
+
+impl State {
+    pub(crate) fn parse(s: &str) -> Option<State> {
+        match s {
+            "active" => Some(State::Active),
+            "migrating" => Some(State::Migrating),
+            "read_only" => Some(State::ReadOnly),
+            _ => None,
+        }
+    }
+}
+
+/// One directory entry, as read at `directory_version`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    pub key: EntityKey,
+    pub shard_name: String,
+    pub target_shard: Option<String>,
+    pub state: State,
+    pub region: Option<String>,
+    /// The version that last changed this entry (`shard_directory.version`).
+    pub version: i64,
+    /// The global directory version this entry was read at: what the client sends to shards.
+    pub directory_version: i64,
+}

@@ -1,0 +1,74 @@
+//! The one error type of the client. Each variant says whether a retry can help.
+
+use crate::entry::{EntityKey, State};
+use crate::rejection::Rejection;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The directory store could not be reached and the policy did not allow serving from cache.
+    #[error("shard directory unavailable: {0}")]
+    DirectoryUnavailable(#[source] tokio_postgres::Error),
+    /// The directory answered with an error (permissions, a missing extension, ...).
+    #[error("shard directory query failed: {0}")]
+    Directory(#[source] tokio_postgres::Error),
+    /// The directory has no entry for the entity.
+    #[error("no directory entry for {0}")]
+    UnknownEntity(EntityKey),
+    /// The entry names a shard this router has no connection settings for.
+    #[error("no connection settings for shard \"{shard}\" (entry {entity})")]
+    UnknownShard { entity: EntityKey, shard: String },
+    /// The entity is `read_only` (a cutover is running): writes are refused before any round trip.
+    #[error("{0} is read_only: writes are refused while its cutover runs")]
+    ReadOnly(EntityKey),
+    /// The directory is unreachable and the entity is mid-move (or the policy is `FailClosed`).
+    #[error("shard directory unavailable and {entity} cannot be served from cache ({reason})")]
+    FailClosed {
+        entity: EntityKey,
+        state: Option<State>,
+        reason: &'static str,
+    },
+    /// The shard kept refusing the transaction as routed with a stale directory.
+    #[error("{entity}: shard refused the transaction {attempts} times, last as {rejection}")]
+    Rejected {
+        entity: EntityKey,
+        attempts: u32,
+        rejection: Rejection,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// Could not get a connection to a shard.
+    #[error("shard \"{shard}\" unavailable: {source}")]
+    ShardUnavailable {
+        shard: String,
+        #[source]
+        source: deadpool_postgres::PoolError,
+    },
+    /// Any other database error, returned untouched.
+    #[error(transparent)]
+    Db(#[from] tokio_postgres::Error),
+    /// Bad configuration (a pool that cannot be built, ...).
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+impl Error {
+    /// Whether running the same work again later can succeed without a code or config change.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::DirectoryUnavailable(_)
+            | Error::ReadOnly(_)
+            | Error::FailClosed { .. }
+            | Error::Rejected { .. }
+            | Error::ShardUnavailable { .. } => true,
+            Error::Db(e) => {
+                e.code() == Some(&tokio_postgres::error::SqlState::T_R_SERIALIZATION_FAILURE)
+            }
+            Error::Directory(_)
+            | Error::UnknownEntity(_)
+            | Error::UnknownShard { .. }
+            | Error::Config(_) => false,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

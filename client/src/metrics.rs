@@ -1,0 +1,122 @@
+//! What the client counts. Every event goes both to the `metrics` facade (the application picks
+//! the recorder; this crate never installs one) and to in-process counters that `stats()` and the
+//! debug endpoint read.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// Metric names, as exported through the `metrics` facade.
+pub mod names {
+    pub const REJECTIONS: &str = "shard_directory_rejections_total";
+    pub const RETRIES: &str = "shard_directory_retries_total";
+    /// The guide's name for "served a cached entry while the directory was unreachable".
+    pub const SERVING_STALE: &str = "directory.serving_stale";
+    pub const CACHE_HITS: &str = "shard_directory_cache_hits_total";
+    pub const CACHE_MISSES: &str = "shard_directory_cache_misses_total";
+    pub const STORE_QUERIES: &str = "shard_directory_store_queries_total";
+    pub const INVALIDATIONS: &str = "shard_directory_invalidations_total";
+    pub const INVALIDATION_LAG: &str = "shard_directory_invalidation_lag_seconds";
+    pub const VERSION: &str = "shard_directory_version";
+}
+
+const REASONS: [&str; 5] = ["stale", "missing", "frozen", "moved", "serialization"];
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    stale_serves: AtomicU64,
+    store_queries: AtomicU64,
+    invalidations: AtomicU64,
+    retries: AtomicU64,
+    rejections: [AtomicU64; REASONS.len()],
+}
+
+/// A snapshot of the client's counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Stats {
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub serving_stale: u64,
+    pub store_queries: u64,
+    pub invalidations: u64,
+    pub retries: u64,
+    /// Shard rejections by reason: stale, missing, frozen, moved, serialization.
+    pub rejections: Vec<(String, u64)>,
+}
+
+impl Stats {
+    /// The rejections counted for `reason`.
+    pub fn rejections(&self, reason: &str) -> u64 {
+        self.rejections
+            .iter()
+            .find(|(r, _)| r == reason)
+            .map_or(0, |(_, n)| *n)
+    }
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+impl Counters {
+    pub fn hit(&self) {
+        bump(&self.hits);
+        metrics::counter!(names::CACHE_HITS).increment(1);
+    }
+
+    pub fn miss(&self) {
+        bump(&self.misses);
+        metrics::counter!(names::CACHE_MISSES).increment(1);
+    }
+
+    pub fn served_stale(&self) {
+        bump(&self.stale_serves);
+        metrics::counter!(names::SERVING_STALE).increment(1);
+    }
+
+    pub fn store_query(&self) {
+        bump(&self.store_queries);
+        metrics::counter!(names::STORE_QUERIES).increment(1);
+    }
+
+    pub fn invalidated(&self, version: i64, lag: Option<Duration>) {
+        bump(&self.invalidations);
+        metrics::counter!(names::INVALIDATIONS).increment(1);
+        metrics::gauge!(names::VERSION).set(version as f64);
+        if let Some(lag) = lag {
+            metrics::histogram!(names::INVALIDATION_LAG).record(lag.as_secs_f64());
+        }
+    }
+
+    pub fn rejected(&self, reason: &'static str) {
+        if let Some(i) = REASONS.iter().position(|r| *r == reason) {
+            bump(&self.rejections[i]);
+        }
+        metrics::counter!(names::REJECTIONS, "reason" => reason).increment(1);
+    }
+
+    pub fn retried(&self) {
+        bump(&self.retries);
+        metrics::counter!(names::RETRIES).increment(1);
+    }
+
+    pub fn snapshot(&self) -> Stats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Stats {
+            cache_hits: get(&self.hits),
+            cache_misses: get(&self.misses),
+            serving_stale: get(&self.stale_serves),
+            store_queries: get(&self.store_queries),
+            invalidations: get(&self.invalidations),
+            retries: get(&self.retries),
+            rejections: REASONS
+                .iter()
+                .zip(&self.rejections)
+                .map(|(r, c)| (r.to_string(), get(c)))
+                .collect(),
+        }
+    }
+}

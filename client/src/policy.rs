@@ -1,0 +1,43 @@
+//! What to do when the directory cannot be reached.
+
+use std::sync::Arc;
+
+use crate::entry::{Entry, State};
+use crate::error::Error;
+
+/// The guide's `DIRECTORY_UNAVAILABLE_POLICY`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// Serve the last known entry (counted as `directory.serving_stale`). Placements change
+    /// rarely; the alternative is a total outage.
+    #[default]
+    ServeFromCache,
+    /// Refuse to route without the directory.
+    FailClosed,
+}
+
+impl Policy {
+    /// Decides whether `cached` may be served while the directory is unreachable. Entries that are
+    /// mid-move always fail closed: that is exactly when a stale placement is wrong.
+    pub(crate) fn degraded(
+        self,
+        cached: Option<Arc<Entry>>,
+        unreachable: impl FnOnce() -> Error,
+    ) -> Result<Arc<Entry>, Error> {
+        match (self, cached) {
+            (Policy::ServeFromCache, Some(e)) if e.state == State::Active => Ok(e),
+            (Policy::ServeFromCache, Some(e)) => Err(Error::FailClosed {
+                entity: e.key.clone(),
+                state: Some(e.state),
+                reason: "the entity is mid-move",
+            }),
+            (Policy::FailClosed, Some(e)) => Err(Error::FailClosed {
+                entity: e.key.clone(),
+                state: Some(e.state),
+                reason: "policy is FailClosed",
+            }),
+            (_, None) => Err(unreachable()),
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! Reading a shard's 40001: the extension puts a JSON object in the DETAIL
+//! (`{"reason":"moved","moved_to":"shard_2","version":42,...}`).
+
+use std::fmt;
+
+use serde::Deserialize;
+use tokio_postgres::error::SqlState;
+
+/// Why a shard refused a transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rejection {
+    /// The client's directory version is below the shard's (or the entity's) minimum.
+    Stale,
+    /// The transaction carried no directory version.
+    Missing,
+    /// The entity's cutover is running on this shard.
+    Frozen,
+    /// The entity now lives on `moved_to`, since directory version `version`.
+    Moved { moved_to: String, version: i64 },
+    /// A plain serialization failure (no shard_directory DETAIL).
+    Serialization,
+}
+
+impl Rejection {
+    /// The label used in metrics and stats.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Rejection::Stale => "stale",
+            Rejection::Missing => "missing",
+            Rejection::Frozen => "frozen",
+            Rejection::Moved { .. } => "moved",
+            Rejection::Serialization => "serialization",
+        }
+    }
+
+    /// The rejection a database error carries, if it is a 40001.
+    pub fn of(e: &tokio_postgres::Error) -> Option<Rejection> {
+        let db = e.as_db_error()?;
+        if db.code() != &SqlState::T_R_SERIALIZATION_FAILURE {
+            return None;
+        }
+        #[derive(Deserialize)]
+        struct Detail {
+            reason: String,
+            moved_to: Option<String>,
+            version: Option<i64>,
+        }
+        let detail: Option<Detail> = db.detail().and_then(|d| serde_json::from_str(d).ok());
+        Some(match detail {
+            Some(d) => match (d.reason.as_str(), d.moved_to, d.version) {
+                ("moved", Some(moved_to), Some(version)) => Rejection::Moved { moved_to, version },
+                ("frozen", ..) => Rejection::Frozen,
+                ("missing", ..) => Rejection::Missing,
+                _ => Rejection::Stale,
+            },
+            None => Rejection::Serialization,
+        })
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rejection::Moved { moved_to, version } => {
+                write!(f, "moved to {moved_to} at version {version}")
+            }
+            other => f.write_str(other.reason()),
+        }
+    }
+}

@@ -1,0 +1,283 @@
+//! `Router`: runs a caller's closure as one transaction on the shard the directory names,
+//! stamped with the client's directory version, and re-runs it when the shard says the route
+//! was stale.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::{NoTls, Transaction};
+
+use crate::directory::Directory;
+use crate::entry::{EntityKey, Entry, State};
+use crate::error::{Error, Result};
+use crate::rejection::Rejection;
+
+/// Connection settings for one shard. The password (if any) lives in `config` and is never logged.
+#[derive(Clone)]
+pub struct ShardConfig {
+    pub name: String,
+    pub config: tokio_postgres::Config,
+    pub pool_size: usize,
+}
+
+impl ShardConfig {
+    pub fn new(name: impl Into<String>, config: tokio_postgres::Config) -> Self {
+        ShardConfig {
+            name: name.into(),
+            config,
+            pool_size: 8,
+        }
+    }
+}
+
+impl std::fmt::Debug for ShardConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardConfig")
+            .field("name", &self.name)
+            .field("hosts", &self.config.get_hosts())
+            .field("ports", &self.config.get_ports())
+            .field("dbname", &self.config.get_dbname())
+            .field("user", &self.config.get_user())
+            .field("pool_size", &self.pool_size)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How often and how patiently a refused transaction is re-run.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included.
+    pub max_attempts: u32,
+    pub base_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 5,
+            base_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_secs(1),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Exponential with full jitter on the upper half.
+    fn backoff(&self, attempt: u32) -> Duration {
+        let base = self
+            .base_backoff
+            .saturating_mul(1 << attempt.min(16))
+            .min(self.max_backoff);
+        base / 2 + base.mul_f64(fastrand::f64() / 2.0)
+    }
+}
+
+/// What a read returns: one result, or, while the entity is `migrating`, one from each shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reads<T> {
+    One(T),
+    Both { source: T, target: T },
+}
+
+impl<T> Reads<T> {
+    /// Combines the two results of a dual read (or returns the single one).
+    pub fn merge(self, f: impl FnOnce(T, T) -> T) -> T {
+        match self {
+            Reads::One(t) => t,
+            Reads::Both { source, target } => f(source, target),
+        }
+    }
+}
+
+const STAMP: &str = "SELECT set_config('app.directory_version', $1, true), \
+                     set_config('app.entity_type', $2, true), set_config('app.entity_id', $3, true)";
+
+/// Routes work to shards.
+///
+/// ```no_run
+/// # async fn demo(directory: shard_directory_client::Directory) -> Result<(), shard_directory_client::Error> {
+/// use shard_directory_client::{EntityKey, Router, ShardConfig};
+///
+/// let router = Router::new(directory, [
+///     ShardConfig::new("shard_1", "host=10.0.0.1 dbname=app user=app".parse().unwrap()),
+///     ShardConfig::new("shard_2", "host=10.0.0.2 dbname=app user=app".parse().unwrap()),
+/// ])?;
+/// let tenant = EntityKey::new("tenant", "8842");
+/// router
+///     .run(&tenant, async |tx| {
+///         tx.execute("INSERT INTO orders (tenant_id, item) VALUES ($1, $2)", &[&"8842", &"book"]).await?;
+///         Ok(())
+///     })
+///     .await?;
+/// # Ok(()) }
+/// ```
+pub struct Router {
+    directory: Directory,
+    pools: HashMap<String, Pool>,
+    retry: RetryPolicy,
+}
+
+impl Router {
+    pub fn new(
+        directory: Directory,
+        shards: impl IntoIterator<Item = ShardConfig>,
+    ) -> Result<Router> {
+        let mut pools = HashMap::new();
+        for shard in shards {
+            let manager = Manager::from_config(
+                shard.config,
+                NoTls,
+                ManagerConfig {
+                    recycling_method: RecyclingMethod::Fast,
+                },
+            );
+            let pool = Pool::builder(manager)
+                .max_size(shard.pool_size)
+                .build()
+                .map_err(|e| Error::Config(format!("shard {}: {e}", shard.name)))?;
+            pools.insert(shard.name, pool);
+        }
+        Ok(Router {
+            directory,
+            pools,
+            retry: RetryPolicy::default(),
+        })
+    }
+
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    pub fn directory(&self) -> &Directory {
+        &self.directory
+    }
+
+    /// Runs `f` as one read-write transaction on the shard that owns `key`. The transaction first
+    /// sets `app.directory_version`, `app.entity_type` and `app.entity_id` (one round trip); when
+    /// the shard refuses it with 40001 the whole closure is re-run on a refreshed route, up to
+    /// [`RetryPolicy::max_attempts`] times. A `read_only` entity is refused before any round
+    /// trip with [`Error::ReadOnly`]; other errors are returned untouched.
+    pub async fn run<T, F>(&self, key: &EntityKey, mut f: F) -> Result<T>
+    where
+        F: AsyncFnMut(&Transaction<'_>) -> Result<T, tokio_postgres::Error>,
+    {
+        self.with_retries(key, async |entry: &Entry| {
+            if entry.state == State::ReadOnly {
+                return Err(Attempt::Fatal(Error::ReadOnly(key.clone())));
+            }
+            self.attempt(&entry.shard_name, entry, &mut f).await
+        })
+        .await
+    }
+
+    /// Runs `f` as a read transaction. While the entity is `migrating` it runs on both the source
+    /// and the target and returns both results; otherwise on the owning shard.
+    pub async fn read<T, F>(&self, key: &EntityKey, mut f: F) -> Result<Reads<T>>
+    where
+        F: AsyncFnMut(&Transaction<'_>) -> Result<T, tokio_postgres::Error>,
+    {
+        self.with_retries(key, async |entry: &Entry| {
+            let source = self.attempt(&entry.shard_name, entry, &mut f).await?;
+            match (&entry.state, &entry.target_shard) {
+                (State::Migrating, Some(target)) => {
+                    let target = self.attempt(target, entry, &mut f).await?;
+                    Ok(Reads::Both { source, target })
+                }
+                _ => Ok(Reads::One(source)),
+            }
+        })
+        .await
+    }
+
+    async fn with_retries<T>(
+        &self,
+        key: &EntityKey,
+        mut once: impl AsyncFnMut(&Entry) -> Result<T, Attempt>,
+    ) -> Result<T> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let entry = self.directory.lookup_key(key).await?;
+            let (rejection, source) = match once(&entry).await {
+                Ok(t) => return Ok(t),
+                Err(Attempt::Fatal(e)) => return Err(e),
+                Err(Attempt::Refused(rejection, source)) => (rejection, source),
+            };
+            let counters = self.directory.counters();
+            counters.rejected(rejection.reason());
+            tracing::debug!(entity = %key, %rejection, attempt, "shard refused the transaction");
+            if attempt >= self.retry.max_attempts {
+                return Err(Error::Rejected {
+                    entity: key.clone(),
+                    attempts: attempt,
+                    rejection,
+                    source,
+                });
+            }
+            counters.retried();
+            match &rejection {
+                Rejection::Moved { moved_to, version } => {
+                    self.directory.learn_moved(&entry, moved_to, *version)
+                }
+                Rejection::Stale | Rejection::Missing => {
+                    self.directory.refresh().await?;
+                }
+                Rejection::Frozen | Rejection::Serialization => {
+                    tokio::time::sleep(self.retry.backoff(attempt)).await;
+                }
+            }
+        }
+    }
+
+    /// One transaction on `shard`, stamped with the entry's directory version.
+    async fn attempt<T, F>(&self, shard: &str, entry: &Entry, f: &mut F) -> Result<T, Attempt>
+    where
+        F: AsyncFnMut(&Transaction<'_>) -> Result<T, tokio_postgres::Error>,
+    {
+        let pool = self.pools.get(shard).ok_or_else(|| {
+            Attempt::Fatal(Error::UnknownShard {
+                entity: entry.key.clone(),
+                shard: shard.to_owned(),
+            })
+        })?;
+        let mut client = pool.get().await.map_err(|source| {
+            Attempt::Fatal(Error::ShardUnavailable {
+                shard: shard.to_owned(),
+                source,
+            })
+        })?;
+        let tx = client.transaction().await.map_err(Attempt::from)?;
+        tx.execute(
+            STAMP,
+            &[
+                &entry.directory_version.to_string(),
+                &entry.key.entity_type,
+                &entry.key.entity_id,
+            ],
+        )
+        .await
+        .map_err(Attempt::from)?;
+        let out = f(&tx).await.map_err(Attempt::from)?;
+        tx.commit().await.map_err(Attempt::from)?;
+        Ok(out)
+    }
+}
+
+/// How one attempt ended, when it did not succeed.
+enum Attempt {
+    /// The shard refused the route (40001): worth re-running.
+    Refused(Rejection, tokio_postgres::Error),
+    Fatal(Error),
+}
+
+impl From<tokio_postgres::Error> for Attempt {
+    fn from(e: tokio_postgres::Error) -> Self {
+        match Rejection::of(&e) {
+            Some(r) => Attempt::Refused(r, e),
+            None => Attempt::Fatal(Error::Db(e)),
+        }
+    }
+}

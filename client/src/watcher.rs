@@ -1,0 +1,157 @@
+//! Push invalidation with a poll fallback: a dedicated connection runs `LISTEN shard_directory`
+//! and, on a timer, re-reads the version. On disconnect it reconnects with backoff, re-LISTENs,
+//! then re-reads the version, in that order, so a change made while it was away is never missed.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+use tokio_postgres::{AsyncMessage, NoTls};
+
+use crate::cache::Cache;
+use crate::metrics::Counters;
+use crate::store::CURRENT_VERSION;
+
+/// What the watcher knows about its own health.
+#[derive(Default)]
+pub(crate) struct Watch {
+    connected: AtomicBool,
+    last_heard: Mutex<Option<SystemTime>>,
+    last_invalidation: Mutex<Option<SystemTime>>,
+}
+
+impl Watch {
+    pub fn connected(&self) -> bool {
+        self.connected.load(Ordering::SeqCst)
+    }
+
+    pub fn last_heard(&self) -> Option<SystemTime> {
+        *self.last_heard.lock().expect("watch lock")
+    }
+
+    pub fn last_invalidation(&self) -> Option<SystemTime> {
+        *self.last_invalidation.lock().expect("watch lock")
+    }
+
+    fn heard(&self) {
+        *self.last_heard.lock().expect("watch lock") = Some(SystemTime::now());
+    }
+}
+
+pub(crate) struct Watcher {
+    pub config: tokio_postgres::Config,
+    pub cache: Arc<Cache>,
+    pub watch: Arc<Watch>,
+    pub counters: Arc<Counters>,
+    pub poll_interval: Duration,
+    pub max_backoff: Duration,
+    pub listen: bool,
+}
+
+/// How the watcher's connection shows up in `pg_stat_activity`.
+pub const APPLICATION_NAME: &str = "shard_directory_watcher";
+
+/// Exponential backoff from 50 ms, capped, with full jitter on the upper half.
+fn backoff(attempt: u32, max: Duration) -> Duration {
+    let base = Duration::from_millis(50)
+        .saturating_mul(1 << attempt.min(16))
+        .min(max);
+    base / 2 + base.mul_f64(fastrand::f64() / 2.0)
+}
+
+impl Watcher {
+    /// Applies a version heard from the directory.
+    fn apply(&self, version: i64, lag: Option<Duration>) {
+        self.watch.heard();
+        if self.cache.invalidate(version) {
+            *self.watch.last_invalidation.lock().expect("watch lock") = Some(SystemTime::now());
+            self.counters.invalidated(version, lag);
+            tracing::debug!(version, "shard directory changed");
+        }
+    }
+
+    pub async fn run(self) {
+        let mut failures = 0;
+        loop {
+            let err = self.session(&mut failures).await;
+            self.watch.connected.store(false, Ordering::SeqCst);
+            let wait = backoff(failures, self.max_backoff);
+            tracing::warn!(error = %err, retry_in = ?wait, "shard directory watcher disconnected");
+            failures = failures.saturating_add(1);
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// One connection's life; returns why it ended.
+    async fn session(&self, failures: &mut u32) -> tokio_postgres::Error {
+        let mut config = self.config.clone();
+        config.application_name(APPLICATION_NAME);
+        let (client, mut connection) = match config.connect(NoTls).await {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
+        let (tx, mut notifications) = mpsc::unbounded_channel();
+        let driver = tokio::spawn(async move {
+            let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(message) = messages.next().await {
+                match message {
+                    Ok(AsyncMessage::Notification(n)) => {
+                        let _ = tx.send(Ok(n));
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                }
+            }
+        });
+        let _driver = AbortOnDrop(driver);
+        let result: Result<std::convert::Infallible, tokio_postgres::Error> = async {
+            if self.listen {
+                client.batch_execute("LISTEN shard_directory").await?;
+            }
+            let poll = client.prepare(CURRENT_VERSION).await?;
+            let read = async || -> Result<(), tokio_postgres::Error> {
+                let row = client.query_one(&poll, &[]).await?;
+                let lag = Duration::try_from_secs_f64(row.get::<_, f64>(1)).ok();
+                self.apply(row.get(0), lag);
+                Ok(())
+            };
+            read().await?;
+            self.watch.connected.store(true, Ordering::SeqCst);
+            *failures = 0;
+            let mut ticker = tokio::time::interval(self.poll_interval);
+            ticker.tick().await;
+            loop {
+                tokio::select! {
+                    n = notifications.recv() => match n {
+                        Some(Ok(n)) => match n.payload().parse::<i64>() {
+                            Ok(v) => self.apply(v, None),
+                            Err(_) => read().await?,
+                        },
+                        Some(Err(e)) => return Err(e),
+                        None => { client.simple_query("").await?; }
+                    },
+                    _ = ticker.tick() => read().await?,
+                }
+            }
+        }
+        .await;
+        match result {
+            Err(e) => e,
+            Ok(never) => match never {},
+        }
+    }
+}
+
+/// Aborts a spawned task when dropped.
+pub(crate) struct AbortOnDrop(pub tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,405 @@
+//! The client crate against real clusters (a directory and two shards): invalidation reaching many
+//! instances, a missed notification recovered, stale routes refused and repaired, the fill /
+//! invalidation race, and the outage policy.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use shard_directory_client::{
+    Directory, DirectoryConfig, EntityKey, Error, Policy, Reads, Router, ShardConfig, State,
+    WATCHER_APPLICATION_NAME,
+};
+use shard_directory_e2e::{eventually, Topology};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::Notify;
+
+const DEADLINE: Duration = Duration::from_secs(15);
+
+fn tenant(id: &str) -> EntityKey {
+    EntityKey::new("tenant", id)
+}
+
+async fn directory(t: &Topology, config: DirectoryConfig) -> Directory {
+    let d = Directory::connect(t.directory_config(), config)
+        .await
+        .expect("connect directory");
+    eventually("the watcher to connect", DEADLINE, || async {
+        d.is_connected().then_some(())
+    })
+    .await;
+    d
+}
+
+fn router(t: &Topology, d: Directory) -> Router {
+    Router::new(
+        d,
+        t.shard_configs()
+            .into_iter()
+            .map(|(n, c)| ShardConfig::new(n, c)),
+    )
+    .expect("router")
+}
+
+async fn reaches(d: &Directory, version: i64) {
+    eventually(&format!("version {version}"), DEADLINE, || async {
+        (d.version() >= version).then_some(())
+    })
+    .await;
+}
+
+async fn insert(router: &Router, id: &str, item: &str) -> Result<(), Error> {
+    let (id, item) = (id.to_owned(), item.to_owned());
+    router
+        .run(&tenant(&id), async |tx| {
+            tx.execute("INSERT INTO orders VALUES ($1, $2)", &[&id, &item])
+                .await?;
+            Ok(())
+        })
+        .await
+}
+
+#[tokio::test]
+async fn a_change_made_with_sql_reaches_eight_client_instances() {
+    let t = Topology::start("fanout").await;
+    t.add_tenant("8842", "shard_1").await;
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        let d = directory(&t, DirectoryConfig::default()).await;
+        assert_eq!(
+            d.lookup("tenant", "8842").await.unwrap().shard_name,
+            "shard_1"
+        );
+        clients.push(d);
+    }
+    let v: i64 = t
+        .dba()
+        .await
+        .query_one(
+            "SELECT shard_directory.begin_move('tenant', '8842', 'shard_2')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    for d in &clients {
+        reaches(d, v).await;
+        let e = d.lookup("tenant", "8842").await.unwrap();
+        assert_eq!(
+            (e.state, e.target_shard.as_deref(), e.directory_version),
+            (State::Migrating, Some("shard_2"), v)
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_notification_missed_while_disconnected_is_recovered() {
+    let t = Topology::start("missed").await;
+    t.add_tenant("8842", "shard_1").await;
+    // Poll only every hour: only the reconnect can bring the change in.
+    let d = directory(
+        &t,
+        DirectoryConfig {
+            poll_interval: Duration::from_secs(3600),
+            ..Default::default()
+        },
+    )
+    .await;
+    d.lookup("tenant", "8842").await.unwrap();
+    let dba = t.dba().await;
+    // Kill the listener and change the directory in one statement: the notification goes nowhere.
+    let v: i64 = dba
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+            &[&WATCHER_APPLICATION_NAME],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0);
+    assert_eq!(v, 1, "one watcher connection");
+    let v: i64 = dba
+        .query_one(
+            "SELECT shard_directory.begin_move('tenant', '8842', 'shard_2')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    reaches(&d, v).await;
+    assert_eq!(
+        d.lookup("tenant", "8842").await.unwrap().state,
+        State::Migrating
+    );
+}
+
+#[tokio::test]
+async fn a_stale_route_is_refused_then_repaired_and_lands_on_the_right_shard() {
+    let t = Topology::start("stale").await;
+    t.add_tenant("8842", "shard_1").await;
+    // A client that hears of changes only from shards: no LISTEN, a poll that never comes.
+    let config = DirectoryConfig {
+        listen: false,
+        poll_interval: Duration::from_secs(3600),
+        ..Default::default()
+    };
+    let r = router(&t, directory(&t, config).await);
+    insert(&r, "8842", "a").await.unwrap();
+
+    let moved_at = t.move_tenant("8842", "shard_1", "shard_2").await;
+    assert!(
+        r.directory().version() < moved_at,
+        "the client still has the old view"
+    );
+    let before = r.directory().stats();
+    insert(&r, "8842", "b").await.unwrap();
+    let after = r.directory().stats();
+    assert_eq!(after.rejections("moved") - before.rejections("moved"), 1);
+    assert_eq!(
+        after.store_queries, before.store_queries,
+        "moved_to routed the retry without a directory query"
+    );
+    assert_eq!(t.orders("shard_1", "8842").await, ["a"]);
+    assert_eq!(t.orders("shard_2", "8842").await, ["b"]);
+
+    // No moved_to: a shard-wide minimum above the client's version. The client refreshes.
+    let dba = t.dba().await;
+    dba.execute(
+        "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) VALUES ('tenant', '7', 'shard_1')",
+        &[],
+    )
+    .await
+    .unwrap();
+    let now: i64 = dba
+        .query_one("SELECT shard_directory.current_version()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    t.shard("shard_2")
+        .await
+        .execute("SELECT shard_directory.raise_min_accepted($1)", &[&now])
+        .await
+        .unwrap();
+    insert(&r, "8842", "c").await.unwrap();
+    let last = r.directory().stats();
+    assert_eq!(last.rejections("stale") - after.rejections("stale"), 1);
+    assert!(last.store_queries > after.store_queries);
+    assert_eq!(t.orders("shard_2", "8842").await, ["b", "c"]);
+}
+
+#[tokio::test]
+async fn other_errors_are_returned_untouched_and_not_retried() {
+    let t = Topology::start("errors").await;
+    t.add_tenant("8842", "shard_1").await;
+    let r = router(&t, directory(&t, DirectoryConfig::default()).await);
+    let err = r
+        .run(&tenant("8842"), async |tx| {
+            tx.execute("INSERT INTO no_such_table VALUES (1)", &[])
+                .await
+        })
+        .await
+        .unwrap_err();
+    match &err {
+        Error::Db(e) => assert_eq!(
+            e.code(),
+            Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE)
+        ),
+        other => panic!("expected the database error untouched, got {other:?}"),
+    }
+    assert!(!err.is_retryable());
+    assert_eq!(r.directory().stats().retries, 0);
+    assert!(matches!(
+        r.directory().lookup("tenant", "nope").await,
+        Err(Error::UnknownEntity(_))
+    ));
+}
+
+#[tokio::test]
+async fn migrating_reads_both_shards_and_read_only_refuses_writes_before_any_round_trip() {
+    let t = Topology::start("states").await;
+    t.add_tenant("8842", "shard_1").await;
+    // What a mover's copy would have put on the target already.
+    t.shard("shard_2")
+        .await
+        .batch_execute(
+            "BEGIN; SELECT set_config('app.directory_version', '1', true);
+             INSERT INTO orders VALUES ('8842', 'copied'); COMMIT",
+        )
+        .await
+        .unwrap();
+    let d = directory(&t, DirectoryConfig::default()).await;
+    let r = router(&t, d.clone());
+    insert(&r, "8842", "original").await.unwrap();
+    let dba = t.dba().await;
+    let v: i64 = dba
+        .query_one(
+            "SELECT shard_directory.begin_move('tenant', '8842', 'shard_2')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    reaches(&d, v).await;
+    let count = async |tx: &tokio_postgres::Transaction<'_>| -> Result<i64, tokio_postgres::Error> {
+        Ok(tx
+            .query_one("SELECT count(*) FROM orders WHERE tenant_id = '8842'", &[])
+            .await?
+            .get(0))
+    };
+    let reads = r.read(&tenant("8842"), count).await.unwrap();
+    assert!(matches!(reads, Reads::Both { .. }), "{reads:?}");
+    assert_eq!(reads.merge(|a, b| a + b), 2);
+    insert(&r, "8842", "during the copy").await.unwrap();
+    assert_eq!(
+        t.orders("shard_1", "8842").await,
+        ["during the copy", "original"]
+    );
+
+    let v: i64 = dba
+        .query_one("SELECT shard_directory.freeze('tenant', '8842')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    reaches(&d, v).await;
+    let before = d.stats();
+    let err = insert(&r, "8842", "frozen").await.unwrap_err();
+    assert!(
+        matches!(err, Error::ReadOnly(_)) && err.is_retryable(),
+        "{err:?}"
+    );
+    assert_eq!(
+        d.stats().rejections,
+        before.rejections,
+        "refused before any round trip"
+    );
+    assert_eq!(r.read(&tenant("8842"), count).await.unwrap(), Reads::One(2));
+}
+
+#[tokio::test]
+async fn a_fill_that_raced_an_invalidation_is_not_served() {
+    let t = Topology::start("race").await;
+    t.add_tenant("8842", "shard_1").await;
+    let d = directory(&t, DirectoryConfig::default()).await;
+    let (paused, resume) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let (p, r) = (paused.clone(), resume.clone());
+    d.set_fill_hook(Some(Arc::new(move || {
+        let (p, r) = (p.clone(), r.clone());
+        Box::pin(async move {
+            p.notify_one();
+            r.notified().await;
+        })
+    })));
+    // The fill reads shard_1, then waits at the hook.
+    let lookup = tokio::spawn({
+        let d = d.clone();
+        async move { d.lookup("tenant", "8842").await }
+    });
+    tokio::time::timeout(DEADLINE, paused.notified())
+        .await
+        .expect("the fill reaches the hook");
+    let v: i64 = t
+        .dba()
+        .await
+        .query_one(
+            "SELECT shard_directory.begin_move('tenant', '8842', 'shard_2')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    reaches(&d, v).await;
+    d.set_fill_hook(None);
+    resume.notify_one();
+    let e = tokio::time::timeout(DEADLINE, lookup)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (e.state, e.directory_version),
+        (State::Migrating, v),
+        "the fill read before the change was not served"
+    );
+    assert_eq!(
+        d.lookup("tenant", "8842").await.unwrap().state,
+        State::Migrating
+    );
+}
+
+#[tokio::test]
+async fn directory_down_serves_active_entries_from_cache_and_fails_closed_mid_move() {
+    let t = Topology::start("outage").await;
+    t.add_tenant("1", "shard_1").await;
+    t.add_tenant("2", "shard_1").await;
+    let v: i64 = t
+        .dba()
+        .await
+        .query_one(
+            "SELECT shard_directory.begin_move('tenant', '2', 'shard_2')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let serving = directory(&t, DirectoryConfig::default()).await;
+    let closed = directory(
+        &t,
+        DirectoryConfig {
+            policy: Policy::FailClosed,
+            ..Default::default()
+        },
+    )
+    .await;
+    for d in [&serving, &closed] {
+        reaches(d, v).await;
+        d.lookup("tenant", "1").await.unwrap();
+        d.lookup("tenant", "2").await.unwrap();
+    }
+    let r = router(&t, serving.clone());
+
+    t.directory.stop();
+    for d in [&serving, &closed] {
+        eventually("the watcher to notice", DEADLINE, || async {
+            (!d.is_connected()).then_some(())
+        })
+        .await;
+    }
+    // ServeFromCache: the active tenant keeps working, and the stale serve is counted.
+    let stale_before = serving.stats().serving_stale;
+    insert(&r, "1", "during the outage").await.unwrap();
+    assert_eq!(serving.stats().serving_stale, stale_before + 1);
+    // ... the migrating one fails closed, and so does one never cached.
+    assert!(matches!(
+        serving.lookup("tenant", "2").await,
+        Err(Error::FailClosed {
+            state: Some(State::Migrating),
+            ..
+        })
+    ));
+    let uncached = serving.lookup("tenant", "3").await.unwrap_err();
+    assert!(uncached.is_retryable(), "{uncached:?}");
+    // FailClosed fails everything.
+    assert!(matches!(
+        closed.lookup("tenant", "1").await,
+        Err(Error::FailClosed { .. })
+    ));
+
+    t.directory.restart();
+    for d in [&serving, &closed] {
+        eventually("the watcher to reconnect", DEADLINE, || async {
+            d.is_connected().then_some(())
+        })
+        .await;
+    }
+    let v: i64 = t
+        .dba()
+        .await
+        .query_one("SELECT shard_directory.abort_move('tenant', '2')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    for d in [&serving, &closed] {
+        reaches(d, v).await;
+        assert_eq!(d.lookup("tenant", "2").await.unwrap().state, State::Active);
+        assert_eq!(d.lookup("tenant", "1").await.unwrap().shard_name, "shard_1");
+    }
+    assert_eq!(t.orders("shard_1", "1").await, ["during the outage"]);
+}
