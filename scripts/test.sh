@@ -5,19 +5,23 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export USER=${USER:-$(id -un)}
+log=$(mktemp /tmp/sd-test-log.XXXXXX)
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
 
 # #[pg_test]s: cargo-pgrx starts its own cluster. Postgres will not run as root.
 pgdata=$(mktemp -d /tmp/sd-pgrx-test.XXXXXX)
-trap 'rm -rf "$pgdata"' EXIT
+trap 'rm -rf "$pgdata" "$log"' EXIT
 if [ "$(id -u)" = 0 ]; then
   chown postgres: "$pgdata"
-  cargo pgrx test pg15 --runas postgres --pgdata "$pgdata"
+  cargo pgrx test pg15 --runas postgres --pgdata "$pgdata" 2>&1 | tee -a "$log"
 else
-  cargo pgrx test pg15
+  cargo pgrx test pg15 2>&1 | tee -a "$log"
 fi
 
 bash scripts/install-extension.sh
-cargo test -p shard-directory-e2e -p shard-directory-client
+cargo test -p shard-directory-e2e -p shard-directory-client 2>&1 | tee -a "$log"
+
+# One closing line for the whole run (#[pg_test]s, unit, end-to-end, pg_regress and doc tests).
+awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed\n", p, f }' "$log"

@@ -26,13 +26,19 @@ use crate::{Directory, Policy, Stats};
 /// The body of `/debug/directory`.
 #[derive(Debug, Serialize)]
 pub struct DebugView {
+    /// The directory version this instance knows (the guide's `jq .version`).
     pub version: i64,
+    /// Whether the watcher's connection is up.
     pub connected: bool,
-    /// Milliseconds since the Unix epoch.
+    /// When the watcher last heard from the directory, in milliseconds since the Unix epoch.
     pub last_heard_ms: Option<u64>,
+    /// When the cache was last invalidated, in milliseconds since the Unix epoch.
     pub last_invalidation_ms: Option<u64>,
+    /// Entries in the cache.
     pub entries: usize,
+    /// The outage policy.
     pub policy: Policy,
+    /// The client's counters.
     pub stats: Stats,
 }
 
@@ -42,6 +48,7 @@ fn unix_ms(t: Option<SystemTime>) -> Option<u64> {
 }
 
 impl DebugView {
+    /// The view of `d` now.
     pub fn of(d: &Directory) -> DebugView {
         DebugView {
             version: d.version(),

@@ -7,11 +7,17 @@ use serde::{Deserialize, Serialize};
 /// `(entity_type, entity_id)`: the directory's key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct EntityKey {
+    /// What kind of entity: `tenant`, `account`, `region`, ...
     pub entity_type: String,
+    /// Its identifier, as text.
     pub entity_id: String,
 }
 
 impl EntityKey {
+    /// ```
+    /// let key = shard_directory_client::EntityKey::new("tenant", "8842");
+    /// assert_eq!(key.to_string(), "tenant/8842");
+    /// ```
     pub fn new(entity_type: impl Into<String>, entity_id: impl Into<String>) -> Self {
         EntityKey {
             entity_type: entity_type.into(),
@@ -52,10 +58,15 @@ impl State {
 /// One directory entry, as read at `directory_version`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
+    /// The entity this entry places.
     pub key: EntityKey,
+    /// The shard that holds the entity (the source, during a move).
     pub shard_name: String,
+    /// Where a `migrating` / `read_only` entry is going.
     pub target_shard: Option<String>,
+    /// How to route it.
     pub state: State,
+    /// The entity's region, if the directory records one.
     pub region: Option<String>,
     /// The version that last changed this entry (`shard_directory.version`).
     pub version: i64,

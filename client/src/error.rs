@@ -3,6 +3,7 @@
 use crate::entry::{EntityKey, State};
 use crate::rejection::Rejection;
 
+/// Everything that can go wrong when looking up or routing; [`Error::is_retryable`] says whether a retry can help.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The directory store could not be reached and the policy did not allow serving from cache.
@@ -16,30 +17,45 @@ pub enum Error {
     UnknownEntity(EntityKey),
     /// The entry names a shard this router has no connection settings for.
     #[error("no connection settings for shard \"{shard}\" (entry {entity})")]
-    UnknownShard { entity: EntityKey, shard: String },
+    UnknownShard {
+        /// The entity being routed.
+        entity: EntityKey,
+        /// The shard its entry names.
+        shard: String,
+    },
     /// The entity is `read_only` (a cutover is running): writes are refused before any round trip.
     #[error("{0} is read_only: writes are refused while its cutover runs")]
     ReadOnly(EntityKey),
     /// The directory is unreachable and the entity is mid-move (or the policy is `FailClosed`).
     #[error("shard directory unavailable and {entity} cannot be served from cache ({reason})")]
     FailClosed {
+        /// The entity being looked up.
         entity: EntityKey,
+        /// Its last known state, if it was cached.
         state: Option<State>,
+        /// Why it could not be served.
         reason: &'static str,
     },
     /// The shard kept refusing the transaction as routed with a stale directory.
     #[error("{entity}: shard refused the transaction {attempts} times, last as {rejection}")]
     Rejected {
+        /// The entity being routed.
         entity: EntityKey,
+        /// Attempts made, the first included.
         attempts: u32,
+        /// How the last attempt was refused.
         rejection: Rejection,
+        /// The shard's last error.
         #[source]
         source: tokio_postgres::Error,
     },
     /// Could not get a connection to a shard.
     #[error("shard \"{shard}\" unavailable: {source}")]
     ShardUnavailable {
+        /// The shard its entry names.
+        /// The shard.
         shard: String,
+        /// Why no connection could be had.
         #[source]
         source: deadpool_postgres::PoolError,
     },
@@ -71,4 +87,5 @@ impl Error {
     }
 }
 
+/// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -10,6 +10,8 @@
 //! - Metrics through the `metrics` facade, logs through `tracing`; with feature `debug-http`, an
 //!   axum router serving `/debug/directory` and `/metrics`.
 
+#![warn(missing_docs)]
+
 mod cache;
 #[cfg(feature = "debug-http")]
 pub mod debug_http;

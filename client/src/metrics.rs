@@ -9,15 +9,23 @@ use serde::Serialize;
 
 /// Metric names, as exported through the `metrics` facade.
 pub mod names {
+    /// Counter, label `reason`: shard rejections (stale, missing, frozen, moved, serialization).
     pub const REJECTIONS: &str = "shard_directory_rejections_total";
+    /// Counter: transactions re-run after a rejection.
     pub const RETRIES: &str = "shard_directory_retries_total";
     /// The guide's name for "served a cached entry while the directory was unreachable".
     pub const SERVING_STALE: &str = "directory.serving_stale";
+    /// Counter: lookups served from the in-process cache.
     pub const CACHE_HITS: &str = "shard_directory_cache_hits_total";
+    /// Counter: lookups that went to the directory.
     pub const CACHE_MISSES: &str = "shard_directory_cache_misses_total";
+    /// Counter: queries sent to the directory database (fills and version reads).
     pub const STORE_QUERIES: &str = "shard_directory_store_queries_total";
+    /// Counter: cache invalidations (new directory versions learned).
     pub const INVALIDATIONS: &str = "shard_directory_invalidations_total";
+    /// Histogram, seconds: how old a change was when a poll or a reconnect, not a notification, brought it in. Sustained values mean notifications are being missed.
     pub const INVALIDATION_LAG: &str = "shard_directory_invalidation_lag_seconds";
+    /// Gauge: the directory version this client knows.
     pub const VERSION: &str = "shard_directory_version";
 }
 
@@ -37,11 +45,17 @@ pub(crate) struct Counters {
 /// A snapshot of the client's counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Stats {
+    /// See [`names::CACHE_HITS`].
     pub cache_hits: u64,
+    /// See [`names::CACHE_MISSES`].
     pub cache_misses: u64,
+    /// See [`names::SERVING_STALE`].
     pub serving_stale: u64,
+    /// See [`names::STORE_QUERIES`].
     pub store_queries: u64,
+    /// See [`names::INVALIDATIONS`].
     pub invalidations: u64,
+    /// See [`names::RETRIES`].
     pub retries: u64,
     /// Shard rejections by reason: stale, missing, frozen, moved, serialization.
     pub rejections: Vec<(String, u64)>,

@@ -16,7 +16,12 @@ pub enum Rejection {
     /// The entity's cutover is running on this shard.
     Frozen,
     /// The entity now lives on `moved_to`, since directory version `version`.
-    Moved { moved_to: String, version: i64 },
+    Moved {
+        /// The shard the entity now lives on.
+        moved_to: String,
+        /// The directory version of the move: send at least this one to `moved_to`.
+        version: i64,
+    },
     /// A plain serialization failure (no shard_directory DETAIL).
     Serialization,
 }

@@ -16,12 +16,23 @@ use crate::rejection::Rejection;
 /// Connection settings for one shard. The password (if any) lives in `config` and is never logged.
 #[derive(Clone)]
 pub struct ShardConfig {
+    /// The name the directory uses for the shard (`shards.shard_name`).
     pub name: String,
+    /// How to connect to it.
     pub config: tokio_postgres::Config,
+    /// Connections in its pool.
     pub pool_size: usize,
 }
 
 impl ShardConfig {
+    /// A shard with the default pool size (8).
+    ///
+    /// ```
+    /// use shard_directory_client::ShardConfig;
+    /// let config = "host=10.0.0.1 dbname=app user=app password=secret".parse().unwrap();
+    /// let shard = ShardConfig::new("shard_1", config);
+    /// assert!(!format!("{shard:?}").contains("secret"), "passwords are never printed");
+    /// ```
     pub fn new(name: impl Into<String>, config: tokio_postgres::Config) -> Self {
         ShardConfig {
             name: name.into(),
@@ -49,7 +60,9 @@ impl std::fmt::Debug for ShardConfig {
 pub struct RetryPolicy {
     /// Attempts in all, the first included.
     pub max_attempts: u32,
+    /// Backoff before re-running after a `frozen` or a plain serialization failure; doubles each time.
     pub base_backoff: Duration,
+    /// Upper bound of the backoff.
     pub max_backoff: Duration,
 }
 
@@ -77,12 +90,26 @@ impl RetryPolicy {
 /// What a read returns: one result, or, while the entity is `migrating`, one from each shard.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reads<T> {
+    /// The entity is on one shard.
     One(T),
-    Both { source: T, target: T },
+    /// The entity is `migrating`: the source's result and the target's.
+    Both {
+        /// From the shard that still owns the entity.
+        source: T,
+        /// From the shard it is being copied to.
+        target: T,
+    },
 }
 
 impl<T> Reads<T> {
     /// Combines the two results of a dual read (or returns the single one).
+    ///
+    /// ```
+    /// use shard_directory_client::Reads;
+    /// let rows = Reads::Both { source: vec![1, 2], target: vec![2, 3] };
+    /// let merged = rows.merge(|mut a, b| { a.extend(b); a.sort(); a.dedup(); a });
+    /// assert_eq!(merged, [1, 2, 3]);
+    /// ```
     pub fn merge(self, f: impl FnOnce(T, T) -> T) -> T {
         match self {
             Reads::One(t) => t,
@@ -120,6 +147,7 @@ pub struct Router {
 }
 
 impl Router {
+    /// A router over `shards`, looking entries up in `directory`. Pools connect lazily.
     pub fn new(
         directory: Directory,
         shards: impl IntoIterator<Item = ShardConfig>,
@@ -146,11 +174,13 @@ impl Router {
         })
     }
 
+    /// Replaces the default [`RetryPolicy`].
     pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
         self
     }
 
+    /// The directory this router looks entries up in.
     pub fn directory(&self) -> &Directory {
         &self.directory
     }

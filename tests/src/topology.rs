@@ -20,7 +20,11 @@ impl Topology {
         directory.create_database_with_extension(DIRECTORY_DB).await;
         let mut shards = Vec::new();
         for shard in SHARDS {
-            let cluster = Cluster::start(&format!("{name}-{shard}"), &[]);
+            // Preloaded so that `stats()` counts across backends.
+            let cluster = Cluster::start(
+                &format!("{name}-{shard}"),
+                &[("shared_preload_libraries", "shard_directory")],
+            );
             cluster.create_database_with_extension(SHARD_DB).await;
             cluster
                 .connect(SHARD_DB)

@@ -58,6 +58,17 @@ async fn insert(router: &Router, id: &str, item: &str) -> Result<(), Error> {
         .await
 }
 
+/// `curl -s $addr$path`, for the debug endpoint.
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    s.read_to_string(&mut response).await.unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    response.split_once("\r\n\r\n").unwrap().1.to_owned()
+}
+
 #[tokio::test]
 async fn a_change_made_with_sql_reaches_eight_client_instances() {
     let t = Topology::start("fanout").await;
@@ -69,7 +80,11 @@ async fn a_change_made_with_sql_reaches_eight_client_instances() {
             d.lookup("tenant", "8842").await.unwrap().shard_name,
             "shard_1"
         );
-        clients.push(d);
+        let any_port = "127.0.0.1:0".parse().unwrap();
+        let (addr, task) = shard_directory_client::debug_http::serve(d.clone(), any_port)
+            .await
+            .unwrap();
+        clients.push((d, addr, task));
     }
     let v: i64 = t
         .dba()
@@ -81,12 +96,27 @@ async fn a_change_made_with_sql_reaches_eight_client_instances() {
         .await
         .unwrap()
         .get(0);
-    for d in &clients {
-        reaches(d, v).await;
+    // As the guide checks it: every instance's /debug/directory reports the new version.
+    for (d, addr, _task) in &clients {
+        eventually(
+            "the instance to report the new version",
+            DEADLINE,
+            || async {
+                let body = http_get(*addr, "/debug/directory").await;
+                let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+                (body["version"].as_i64() == Some(v) && body["connected"] == true).then_some(())
+            },
+        )
+        .await;
         let e = d.lookup("tenant", "8842").await.unwrap();
         assert_eq!(
             (e.state, e.target_shard.as_deref(), e.directory_version),
             (State::Migrating, Some("shard_2"), v)
+        );
+        let metrics = http_get(*addr, "/metrics").await;
+        assert!(
+            metrics.contains(&format!("\nshard_directory_version {v}\n")),
+            "{metrics}"
         );
     }
 }

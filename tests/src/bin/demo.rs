@@ -1,15 +1,17 @@
-//! The demo scenario: a throwaway directory cluster; a tenant moves between shards while a
-//! listener hears each new version; a refused step; the history that answers "where was it?".
+//! The demo scenario, against throwaway clusters: a directory database and two shards.
+//! Tenants are routed by the client; one moves while a listener hears each new version; a client
+//! that missed the move is refused by the old shard and lands its write on the new one; a bare
+//! re-point is refused; history answers "where was it?".
 
 use std::time::Duration;
 
-use shard_directory_e2e::{Cluster, Listener};
+use shard_directory_client::{Directory, DirectoryConfig, EntityKey, Router, ShardConfig};
+use shard_directory_e2e::{Listener, Topology};
 use tokio_postgres::Client;
 
 async fn show(c: &Client, title: &str, sql: &str) {
     println!("\n-- {title}");
-    let rows = c.simple_query(sql).await.expect("demo query");
-    for msg in rows {
+    for msg in c.simple_query(sql).await.expect("demo query") {
         if let tokio_postgres::SimpleQueryMessage::Row(row) = msg {
             let cols: Vec<String> = (0..row.len())
                 .map(|i| {
@@ -25,60 +27,122 @@ async fn show(c: &Client, title: &str, sql: &str) {
     }
 }
 
-async fn heard(app: &mut Listener) -> tokio_postgres::Notification {
-    tokio::time::timeout(Duration::from_secs(5), app.notifications.recv())
+async fn heard(app: &mut Listener) -> String {
+    let n = tokio::time::timeout(Duration::from_secs(5), app.notifications.recv())
         .await
         .expect("notification within 5 s")
-        .expect("listener open")
+        .expect("listener open");
+    n.payload().to_owned()
+}
+
+async fn write(router: &Router, tenant: &str, item: &str) {
+    let (t, i) = (tenant.to_owned(), item.to_owned());
+    router
+        .run(&EntityKey::new("tenant", tenant), async |tx| {
+            tx.execute("INSERT INTO orders VALUES ($1, $2)", &[&t, &i])
+                .await?;
+            Ok(())
+        })
+        .await
+        .expect("routed write");
+}
+
+fn router(t: &Topology, d: Directory) -> Router {
+    Router::new(
+        d,
+        t.shard_configs()
+            .into_iter()
+            .map(|(n, c)| ShardConfig::new(n, c)),
+    )
+    .expect("router")
 }
 
 #[tokio::main]
 async fn main() {
-    println!("starting a throwaway directory cluster ...");
-    let cluster = Cluster::start("demo-directory", &[]);
-    cluster.create_database_with_extension("directory").await;
+    println!("starting throwaway clusters: a directory and two shards ...");
+    let t = Topology::start("demo").await;
     println!(
-        "directory database on 127.0.0.1:{} (extension shard_directory installed)",
-        cluster.port()
+        "directory on 127.0.0.1:{}, shard_1 on :{}, shard_2 on :{} (orders protected on both)",
+        t.directory.port(),
+        t.shard_cluster("shard_1").port(),
+        t.shard_cluster("shard_2").port()
     );
-    let dba = cluster.connect("directory").await;
-    let mut app = cluster.connect_listening("directory").await;
-    app.client
+    let dba = t.dba().await;
+    let mut listener = t.directory.connect_listening("directory").await;
+    listener
+        .client
         .batch_execute("LISTEN shard_directory")
         .await
         .unwrap();
 
     dba.batch_execute(
-        "INSERT INTO shard_directory.shards (shard_name, region) VALUES ('shard_1', 'eu'), ('shard_2', 'eu'), ('shard_3', 'us');
-         INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name, region)
-         VALUES ('tenant', '8842', 'shard_1', 'eu'), ('tenant', '17', 'shard_2', 'eu')",
+        "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name)
+         VALUES ('tenant', '8842', 'shard_1'), ('tenant', '17', 'shard_1')",
     )
     .await
     .unwrap();
-    let n = heard(&mut app).await;
     println!(
-        "\nseeded two tenants in one INSERT; listener heard version '{}'",
-        n.payload()
+        "\ntwo tenants added in one INSERT; the listener heard version {}",
+        heard(&mut listener).await
     );
-    show(&dba, "two tenants, one statement, one version", "SELECT entity_id, shard_name, state, version FROM shard_directory.shard_directory ORDER BY 1").await;
 
-    for step in [
-        "begin_move('tenant', '8842', 'shard_2')",
-        "freeze('tenant', '8842')",
-        "complete_move('tenant', '8842')",
-    ] {
-        let v: i64 = dba
-            .query_one(&format!("SELECT shard_directory.{step}"), &[])
+    let app = router(
+        &t,
+        Directory::connect(t.directory_config(), DirectoryConfig::default())
             .await
-            .unwrap()
-            .get(0);
-        let n = heard(&mut app).await;
-        println!(
-            "\n{step:<42} -> version {v}; listener heard '{}' on channel '{}'",
-            n.payload(),
-            n.channel()
-        );
+            .unwrap(),
+    );
+    let (debug_addr, _debug) = shard_directory_client::debug_http::serve(
+        app.directory().clone(),
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .unwrap();
+    // A second instance that will not hear about the move (no LISTEN, hourly poll).
+    let deaf = router(
+        &t,
+        Directory::connect(
+            t.directory_config(),
+            DirectoryConfig {
+                listen: false,
+                poll_interval: Duration::from_secs(3600),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap(),
+    );
+    write(&app, "8842", "first order").await;
+    write(&deaf, "8842", "second order").await;
+    println!(
+        "two orders for tenant 8842 routed to shard_1 at version {}",
+        app.directory().version()
+    );
+
+    println!("\nmoving tenant 8842 to shard_2 (copy of rows left out; fences on both shards):");
+    let moved_at = t.move_tenant("8842", "shard_1", "shard_2").await;
+    for _ in 0..3 {
+        println!("   listener heard version {}", heard(&mut listener).await);
     }
+    println!(
+        "   cutover at version {moved_at}; debug endpoint http://{debug_addr}/debug/directory"
+    );
+
+    let (before, stale_version) = (deaf.directory().stats(), deaf.directory().version());
+    write(&deaf, "8842", "third order").await;
+    let after = deaf.directory().stats();
+    println!(
+        "\nthe instance that missed the move wrote at version {}: shard_1 refused it (moved), it retried on \
+         shard_2 with {} directory queries; rejections(moved) = {}",
+        stale_version,
+        after.store_queries - before.store_queries,
+        after.rejections("moved"),
+    );
+    println!(
+        "   orders of tenant 8842: shard_1 {:?}, shard_2 {:?}",
+        t.orders("shard_1", "8842").await,
+        t.orders("shard_2", "8842").await
+    );
 
     println!("\n-- the guide's bare re-point of an active tenant:");
     let err = dba
@@ -102,11 +166,17 @@ async fn main() {
     .await;
     show(
         &dba,
-        "placement_at: where was tenant 8842 before the move, and now?",
+        "placement_at: where was tenant 8842 when it was added, and now?",
         "SELECT shard_directory.placement_at('tenant', '8842', \
            (SELECT changed_at FROM shard_directory.shard_directory_history WHERE entity_id = '8842' ORDER BY history_id LIMIT 1)) AS at_insert, \
            shard_directory.placement_at('tenant', '8842', now()) AS now",
     )
     .await;
-    println!("\ndone; the cluster is removed.");
+    show(
+        &t.shard("shard_1").await,
+        "shard_1 stats()",
+        "SELECT reason, count FROM shard_directory.stats() WHERE count > 0",
+    )
+    .await;
+    println!("\ndone; the clusters are removed.");
 }
