@@ -26,6 +26,9 @@ pub struct DirectoryConfig {
     /// Subscribe to `LISTEN shard_directory`. Turn off where LISTEN is not available (a pooler in
     /// transaction mode): the watcher then relies on the poll alone, and shards' 40001s.
     pub listen: bool,
+    /// The shared middle cache (feature `redis`).
+    #[cfg(feature = "redis")]
+    pub shared_cache: Option<crate::SharedCacheConfig>,
 }
 
 impl Default for DirectoryConfig {
@@ -36,6 +39,8 @@ impl Default for DirectoryConfig {
             policy: Policy::ServeFromCache,
             store_pool_size: 4,
             listen: true,
+            #[cfg(feature = "redis")]
+            shared_cache: None,
         }
     }
 }
@@ -51,6 +56,8 @@ struct Inner {
     store: Store,
     policy: Policy,
     _watcher: AbortOnDrop,
+    #[cfg(feature = "redis")]
+    shared: Option<crate::shared_cache::SharedCache>,
     #[cfg(feature = "test-hooks")]
     fill_hook: std::sync::Mutex<Option<FillHook>>,
 }
@@ -93,6 +100,12 @@ impl Directory {
             max_backoff: settings.max_reconnect_backoff,
             listen: settings.listen,
         };
+        #[cfg(feature = "redis")]
+        let shared = settings
+            .shared_cache
+            .map(crate::shared_cache::SharedCache::new)
+            .transpose()
+            .map_err(|e| Error::Config(format!("shared cache: {e}")))?;
         let task = AbortOnDrop(tokio::spawn(watcher.run()));
         Ok(Directory {
             inner: Arc::new(Inner {
@@ -102,6 +115,8 @@ impl Directory {
                 store,
                 policy: settings.policy,
                 _watcher: task,
+                #[cfg(feature = "redis")]
+                shared,
                 #[cfg(feature = "test-hooks")]
                 fill_hook: std::sync::Mutex::new(None),
             }),
@@ -160,6 +175,16 @@ impl Directory {
     async fn fill(&self, key: &EntityKey) -> Result<Arc<Entry>> {
         let inner = &self.inner;
         loop {
+            #[cfg(feature = "redis")]
+            if let Some(shared) = &inner.shared {
+                let known = inner.cache.version();
+                if let Some(entry) = shared.get(key, known, &inner.counters).await {
+                    let entry = Arc::new(entry);
+                    if inner.cache.fill(entry.clone()) {
+                        return Ok(entry);
+                    }
+                }
+            }
             let (entry, at) = inner.store.fetch(key).await?;
             #[cfg(feature = "test-hooks")]
             {
@@ -179,6 +204,10 @@ impl Directory {
             };
             let entry = Arc::new(entry);
             if inner.cache.fill(entry.clone()) {
+                #[cfg(feature = "redis")]
+                if let Some(shared) = &inner.shared {
+                    shared.put(&entry).await;
+                }
                 return Ok(entry);
             }
             tracing::debug!(entity = %key, read_at = at, "fill raced an invalidation; reading again");

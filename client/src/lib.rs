@@ -9,6 +9,7 @@
 //!   40001), using the shard's `moved_to` hint when it gives one.
 //! - Metrics through the `metrics` facade, logs through `tracing`; with feature `debug-http`, an
 //!   axum router serving `/debug/directory` and `/metrics`.
+//! - With feature `redis`, the guide's shared middle cache, keyed by directory version.
 
 #![warn(missing_docs)]
 
@@ -22,6 +23,8 @@ pub mod metrics;
 mod policy;
 mod rejection;
 mod router;
+#[cfg(feature = "redis")]
+mod shared_cache;
 mod store;
 mod watcher;
 
@@ -34,4 +37,6 @@ pub use metrics::Stats;
 pub use policy::Policy;
 pub use rejection::Rejection;
 pub use router::{Reads, RetryPolicy, Router, ShardConfig};
+#[cfg(feature = "redis")]
+pub use shared_cache::SharedCacheConfig;
 pub use watcher::APPLICATION_NAME as WATCHER_APPLICATION_NAME;

@@ -25,6 +25,8 @@ pub mod names {
     pub const INVALIDATIONS: &str = "shard_directory_invalidations_total";
     /// Histogram, seconds: how old a change was when a poll or a reconnect, not a notification, brought it in. Sustained values mean notifications are being missed.
     pub const INVALIDATION_LAG: &str = "shard_directory_invalidation_lag_seconds";
+    /// Counter, label `result` (hit, miss): lookups in the shared (Redis) cache; errors count as misses.
+    pub const SHARED_CACHE: &str = "shard_directory_shared_cache_total";
     /// Gauge: the directory version this client knows.
     pub const VERSION: &str = "shard_directory_version";
 }
@@ -39,6 +41,8 @@ pub(crate) struct Counters {
     store_queries: AtomicU64,
     invalidations: AtomicU64,
     retries: AtomicU64,
+    shared_hits: AtomicU64,
+    shared_misses: AtomicU64,
     rejections: [AtomicU64; REASONS.len()],
 }
 
@@ -57,6 +61,10 @@ pub struct Stats {
     pub invalidations: u64,
     /// See [`names::RETRIES`].
     pub retries: u64,
+    /// See [`names::SHARED_CACHE`].
+    pub shared_cache_hits: u64,
+    /// See [`names::SHARED_CACHE`].
+    pub shared_cache_misses: u64,
     /// Shard rejections by reason: stale, missing, frozen, moved, serialization.
     pub rejections: Vec<(String, u64)>,
 }
@@ -112,6 +120,17 @@ impl Counters {
         metrics::counter!(names::REJECTIONS, "reason" => reason).increment(1);
     }
 
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub fn shared(&self, hit: bool) {
+        bump(if hit {
+            &self.shared_hits
+        } else {
+            &self.shared_misses
+        });
+        metrics::counter!(names::SHARED_CACHE, "result" => if hit { "hit" } else { "miss" })
+            .increment(1);
+    }
+
     pub fn retried(&self) {
         bump(&self.retries);
         metrics::counter!(names::RETRIES).increment(1);
@@ -126,6 +145,8 @@ impl Counters {
             store_queries: get(&self.store_queries),
             invalidations: get(&self.invalidations),
             retries: get(&self.retries),
+            shared_cache_hits: get(&self.shared_hits),
+            shared_cache_misses: get(&self.shared_misses),
             rejections: REASONS
                 .iter()
                 .zip(&self.rejections)

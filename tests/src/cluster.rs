@@ -75,7 +75,7 @@ fn run(mut cmd: Command, what: &str) -> Output {
     out
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .expect("bind a free port")
         .local_addr()

@@ -1,6 +1,7 @@
 //! A directory cluster and two shard clusters, wired as the README describes: shards registered in
 //! the directory, an `orders` table protected on each shard.
 
+use shard_directory_client::{Directory, DirectoryConfig, Router, ShardConfig};
 use tokio_postgres::Client;
 
 use crate::Cluster;
@@ -68,6 +69,32 @@ impl Topology {
             .iter()
             .map(|(n, c)| (n.clone(), c.config(SHARD_DB)))
             .collect()
+    }
+
+    /// A client `Directory` on this topology's directory database.
+    pub async fn client_directory(&self, config: DirectoryConfig) -> Directory {
+        Directory::connect(self.directory_config(), config)
+            .await
+            .expect("connect directory")
+    }
+
+    /// A router over both shards.
+    pub fn router(&self, directory: Directory) -> Router {
+        let shards = self
+            .shard_configs()
+            .into_iter()
+            .map(|(n, c)| ShardConfig::new(n, c));
+        Router::new(directory, shards).expect("router")
+    }
+
+    /// Runs a directory function that returns a version (`SELECT shard_directory.freeze(...)`).
+    pub async fn step(&self, sql: &str) -> i64 {
+        self.dba()
+            .await
+            .query_one(sql, &[])
+            .await
+            .expect("directory step")
+            .get(0)
     }
 
     /// A DBA's connection to the directory database.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shard_directory_client::{
-    Directory, DirectoryConfig, EntityKey, Error, Policy, Reads, Router, ShardConfig, State,
+    Directory, DirectoryConfig, EntityKey, Error, Policy, Reads, Router, State,
     WATCHER_APPLICATION_NAME,
 };
 use shard_directory_e2e::{eventually, Topology};
@@ -20,24 +20,12 @@ fn tenant(id: &str) -> EntityKey {
 }
 
 async fn directory(t: &Topology, config: DirectoryConfig) -> Directory {
-    let d = Directory::connect(t.directory_config(), config)
-        .await
-        .expect("connect directory");
+    let d = t.client_directory(config).await;
     eventually("the watcher to connect", DEADLINE, || async {
         d.is_connected().then_some(())
     })
     .await;
     d
-}
-
-fn router(t: &Topology, d: Directory) -> Router {
-    Router::new(
-        d,
-        t.shard_configs()
-            .into_iter()
-            .map(|(n, c)| ShardConfig::new(n, c)),
-    )
-    .expect("router")
 }
 
 async fn reaches(d: &Directory, version: i64) {
@@ -86,16 +74,9 @@ async fn a_change_made_with_sql_reaches_eight_client_instances() {
             .unwrap();
         clients.push((d, addr, task));
     }
-    let v: i64 = t
-        .dba()
-        .await
-        .query_one(
-            "SELECT shard_directory.begin_move('tenant', '8842', 'shard_2')",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let v = t
+        .step("SELECT shard_directory.begin_move('tenant', '8842', 'shard_2')")
+        .await;
     // As the guide checks it: every instance's /debug/directory reports the new version.
     for (d, addr, _task) in &clients {
         eventually(
@@ -146,14 +127,9 @@ async fn a_notification_missed_while_disconnected_is_recovered() {
         .unwrap()
         .get::<_, i64>(0);
     assert_eq!(v, 1, "one watcher connection");
-    let v: i64 = dba
-        .query_one(
-            "SELECT shard_directory.begin_move('tenant', '8842', 'shard_2')",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let v = t
+        .step("SELECT shard_directory.begin_move('tenant', '8842', 'shard_2')")
+        .await;
     reaches(&d, v).await;
     assert_eq!(
         d.lookup("tenant", "8842").await.unwrap().state,
@@ -171,7 +147,7 @@ async fn a_stale_route_is_refused_then_repaired_and_lands_on_the_right_shard() {
         poll_interval: Duration::from_secs(3600),
         ..Default::default()
     };
-    let r = router(&t, directory(&t, config).await);
+    let r = t.router(directory(&t, config).await);
     insert(&r, "8842", "a").await.unwrap();
 
     let moved_at = t.move_tenant("8842", "shard_1", "shard_2").await;
@@ -198,11 +174,7 @@ async fn a_stale_route_is_refused_then_repaired_and_lands_on_the_right_shard() {
     )
     .await
     .unwrap();
-    let now: i64 = dba
-        .query_one("SELECT shard_directory.current_version()", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let now = t.step("SELECT shard_directory.current_version()").await;
     t.shard("shard_2")
         .await
         .execute("SELECT shard_directory.raise_min_accepted($1)", &[&now])
@@ -219,7 +191,7 @@ async fn a_stale_route_is_refused_then_repaired_and_lands_on_the_right_shard() {
 async fn other_errors_are_returned_untouched_and_not_retried() {
     let t = Topology::start("errors").await;
     t.add_tenant("8842", "shard_1").await;
-    let r = router(&t, directory(&t, DirectoryConfig::default()).await);
+    let r = t.router(directory(&t, DirectoryConfig::default()).await);
     let err = r
         .run(&tenant("8842"), async |tx| {
             tx.execute("INSERT INTO no_such_table VALUES (1)", &[])
@@ -256,17 +228,11 @@ async fn migrating_reads_both_shards_and_read_only_refuses_writes_before_any_rou
         .await
         .unwrap();
     let d = directory(&t, DirectoryConfig::default()).await;
-    let r = router(&t, d.clone());
+    let r = t.router(d.clone());
     insert(&r, "8842", "original").await.unwrap();
-    let dba = t.dba().await;
-    let v: i64 = dba
-        .query_one(
-            "SELECT shard_directory.begin_move('tenant', '8842', 'shard_2')",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let v = t
+        .step("SELECT shard_directory.begin_move('tenant', '8842', 'shard_2')")
+        .await;
     reaches(&d, v).await;
     let count = async |tx: &tokio_postgres::Transaction<'_>| -> Result<i64, tokio_postgres::Error> {
         Ok(tx
@@ -283,11 +249,9 @@ async fn migrating_reads_both_shards_and_read_only_refuses_writes_before_any_rou
         ["during the copy", "original"]
     );
 
-    let v: i64 = dba
-        .query_one("SELECT shard_directory.freeze('tenant', '8842')", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let v = t
+        .step("SELECT shard_directory.freeze('tenant', '8842')")
+        .await;
     reaches(&d, v).await;
     let before = d.stats();
     let err = insert(&r, "8842", "frozen").await.unwrap_err();
@@ -325,16 +289,9 @@ async fn a_fill_that_raced_an_invalidation_is_not_served() {
     tokio::time::timeout(DEADLINE, paused.notified())
         .await
         .expect("the fill reaches the hook");
-    let v: i64 = t
-        .dba()
-        .await
-        .query_one(
-            "SELECT shard_directory.begin_move('tenant', '8842', 'shard_2')",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let v = t
+        .step("SELECT shard_directory.begin_move('tenant', '8842', 'shard_2')")
+        .await;
     reaches(&d, v).await;
     d.set_fill_hook(None);
     resume.notify_one();
@@ -359,16 +316,9 @@ async fn directory_down_serves_active_entries_from_cache_and_fails_closed_mid_mo
     let t = Topology::start("outage").await;
     t.add_tenant("1", "shard_1").await;
     t.add_tenant("2", "shard_1").await;
-    let v: i64 = t
-        .dba()
-        .await
-        .query_one(
-            "SELECT shard_directory.begin_move('tenant', '2', 'shard_2')",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let v = t
+        .step("SELECT shard_directory.begin_move('tenant', '2', 'shard_2')")
+        .await;
     let serving = directory(&t, DirectoryConfig::default()).await;
     let closed = directory(
         &t,
@@ -383,7 +333,7 @@ async fn directory_down_serves_active_entries_from_cache_and_fails_closed_mid_mo
         d.lookup("tenant", "1").await.unwrap();
         d.lookup("tenant", "2").await.unwrap();
     }
-    let r = router(&t, serving.clone());
+    let r = t.router(serving.clone());
 
     t.directory.stop();
     for d in [&serving, &closed] {
@@ -419,13 +369,9 @@ async fn directory_down_serves_active_entries_from_cache_and_fails_closed_mid_mo
         })
         .await;
     }
-    let v: i64 = t
-        .dba()
-        .await
-        .query_one("SELECT shard_directory.abort_move('tenant', '2')", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let v = t
+        .step("SELECT shard_directory.abort_move('tenant', '2')")
+        .await;
     for d in [&serving, &closed] {
         reaches(d, v).await;
         assert_eq!(d.lookup("tenant", "2").await.unwrap().state, State::Active);

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use shard_directory_client::{Directory, DirectoryConfig, EntityKey, Router, ShardConfig};
+use shard_directory_client::{DirectoryConfig, EntityKey, Router};
 use shard_directory_e2e::{Listener, Topology};
 use tokio_postgres::Client;
 
@@ -47,16 +47,6 @@ async fn write(router: &Router, tenant: &str, item: &str) {
         .expect("routed write");
 }
 
-fn router(t: &Topology, d: Directory) -> Router {
-    Router::new(
-        d,
-        t.shard_configs()
-            .into_iter()
-            .map(|(n, c)| ShardConfig::new(n, c)),
-    )
-    .expect("router")
-}
-
 #[tokio::main]
 async fn main() {
     println!("starting throwaway clusters: a directory and two shards ...");
@@ -86,12 +76,7 @@ async fn main() {
         heard(&mut listener).await
     );
 
-    let app = router(
-        &t,
-        Directory::connect(t.directory_config(), DirectoryConfig::default())
-            .await
-            .unwrap(),
-    );
+    let app = t.router(t.client_directory(DirectoryConfig::default()).await);
     let (debug_addr, _debug) = shard_directory_client::debug_http::serve(
         app.directory().clone(),
         "127.0.0.1:0".parse().unwrap(),
@@ -99,19 +84,12 @@ async fn main() {
     .await
     .unwrap();
     // A second instance that will not hear about the move (no LISTEN, hourly poll).
-    let deaf = router(
-        &t,
-        Directory::connect(
-            t.directory_config(),
-            DirectoryConfig {
-                listen: false,
-                poll_interval: Duration::from_secs(3600),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap(),
-    );
+    let deaf_config = DirectoryConfig {
+        listen: false,
+        poll_interval: Duration::from_secs(3600),
+        ..Default::default()
+    };
+    let deaf = t.router(t.client_directory(deaf_config).await);
     write(&app, "8842", "first order").await;
     write(&deaf, "8842", "second order").await;
     println!(
