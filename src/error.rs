@@ -131,6 +131,15 @@ pub enum SdError {
         table: String,
         column: String,
     },
+    /// A protect trigger whose arguments or key column no longer fit its table.
+    ProtectionBroken {
+        trigger: String,
+        problem: String,
+    },
+    /// One of the extension's own tables is missing in this database.
+    ObjectMissing {
+        name: String,
+    },
 }
 
 /// Why a request was refused, as the client sees it in the DETAIL (JSON) and `stats()` counts it.
@@ -210,6 +219,9 @@ impl SdError {
             | Self::MinAcceptedNotRaised { .. } => ERRCODE_INVALID_PARAMETER_VALUE,
             Self::SettingsRowFixed { .. } => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             Self::UnknownColumn { .. } => ERRCODE_UNDEFINED_COLUMN,
+            Self::ProtectionBroken { .. } | Self::ObjectMissing { .. } => {
+                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
+            }
             Self::UnknownShard { .. } => ERRCODE_FOREIGN_KEY_VIOLATION,
             Self::UnknownEntity { .. } => ERRCODE_NO_DATA_FOUND,
             Self::NullValue { .. } => ERRCODE_NULL_VALUE_NOT_ALLOWED,
@@ -315,6 +327,12 @@ impl SdError {
             Self::InvalidSetting { name, .. } => Some(format!(
                 "The client sets {name} with set_config('{name}', <value>, true)."
             )),
+            Self::ProtectionBroken { .. } => Some(
+                "Re-run shard_directory.protect(table, key_column, entity_type), or unprotect(table).".into(),
+            ),
+            Self::ObjectMissing { .. } => {
+                Some("CREATE EXTENSION shard_directory in this database (or ALTER EXTENSION ... UPDATE).".into())
+            }
             Self::PartialEntity { .. } => Some("Set both app.entity_type and app.entity_id, or neither.".into()),
             Self::MinAcceptedNotRaised { .. } => {
                 Some("min_accepted only rises: pass a version above the current minimum.".into())
@@ -419,6 +437,10 @@ impl fmt::Display for SdError {
             Self::UnknownColumn { table, column } => {
                 write!(f, "column \"{column}\" of table {table} does not exist")
             }
+            Self::ProtectionBroken { trigger, problem } => {
+                write!(f, "protect trigger {trigger}: {problem}")
+            }
+            Self::ObjectMissing { name } => write!(f, "shard_directory.{name} does not exist in this database"),
             Self::NotExtensionOwner { role } => write!(
                 f,
                 "role \"{role}\" may not purge history: only the owner of extension shard_directory can"

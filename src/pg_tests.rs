@@ -586,6 +586,24 @@ mod tests {
     }
 
     #[pg_test]
+    fn a_protect_trigger_whose_key_column_was_dropped_says_so() {
+        Spi::run(
+            "CREATE TABLE notes (tenant_id int, body text); \
+             SELECT shard_directory.protect('notes', 'tenant_id', 'tenant'); \
+             ALTER TABLE notes DROP COLUMN tenant_id",
+        )
+        .unwrap();
+        client("1");
+        let r = refusal("INSERT INTO notes VALUES ('hello')");
+        assert_eq!(r.code, ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE);
+        assert!(
+            r.message.contains("tenant_id") && r.hint.unwrap().contains("protect"),
+            "{}",
+            r.message
+        );
+    }
+
+    #[pg_test]
     fn stats_count_checks_and_rejections_by_reason() {
         let count = |reason: &str| {
             Spi::get_one_with_args::<i64>(

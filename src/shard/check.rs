@@ -96,8 +96,19 @@ pub fn shard_directory_protect_row<'a>(
     trigger: &'a PgTrigger<'a>,
 ) -> Result<Option<PgHeapTuple<'a, AllocatedByRust>>, pgrx::datum::TryFromDatumError> {
     let args = trigger.extra_args().expect("trigger arguments");
+    let broken = |problem: String| SdError::ProtectionBroken {
+        trigger: format!(
+            "shard_directory_protect_row on {}",
+            trigger.table_name().unwrap_or_default()
+        ),
+        problem,
+    };
     let [key_column, entity_type] = args.as_slice() else {
-        error!("shard_directory_protect_row needs (key_column, entity_type): re-run shard_directory.protect")
+        broken(format!(
+            "expected (key_column, entity_type), found {} arguments",
+            args.len()
+        ))
+        .raise()
     };
     let request = Request::read().unwrap_or_else(|e| refuse(e));
     let data = trigger.trigger_data();
@@ -110,7 +121,7 @@ pub fn shard_directory_protect_row<'a>(
         unsafe {
             let attno = pg_sys::SPI_fnumber(tupdesc, column.as_ptr());
             if attno <= 0 {
-                error!("protected key column \"{key_column}\" no longer exists: re-run shard_directory.protect");
+                broken(format!("key column \"{key_column}\" no longer exists")).raise();
             }
             let value = pg_sys::SPI_getvalue(tuple, tupdesc, attno);
             (!value.is_null()).then(|| EntityKey {

@@ -17,6 +17,7 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use crate::entity::EntityKey;
+use crate::error::SdError;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fence {
@@ -81,10 +82,10 @@ fn relation(name: &CStr) -> pg_sys::Oid {
         let ns = pg_sys::get_namespace_oid(c"shard_directory".as_ptr(), false);
         let oid = pg_sys::get_relname_relid(name.as_ptr(), ns);
         if oid == pg_sys::InvalidOid {
-            error!(
-                "shard_directory.{} is missing: is the extension installed here?",
-                name.to_string_lossy()
-            );
+            SdError::ObjectMissing {
+                name: name.to_string_lossy().into_owned(),
+            }
+            .raise();
         }
         oid
     }

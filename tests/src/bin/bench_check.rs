@@ -1,6 +1,7 @@
-//! pgbench: the cost of the shard-side check per transaction. Compares no check, the guide's
+//! The cost of the shard-side check. First per call, in one backend (a loop of N calls, minus the
+//! same loop without the check); then per transaction under pgbench: no check, the guide's
 //! PL/pgSQL function and the native `assert_directory_version()` (without and with an entity) on
-//! the same cluster, in interleaved rounds, and prints the median TPS of each.
+//! the same cluster, in interleaved rounds, median TPS of each.
 //!
 //! Run with `bash scripts/bench.sh` (installs a release build first).
 
@@ -48,6 +49,39 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Microseconds per call of each check, from loops of `CALLS` calls in one transaction (after
+/// the first call, the transaction-level locks are already held, so this is the steady cost).
+async fn per_call(c: &tokio_postgres::Client) {
+    const CALLS: i64 = 200_000;
+    let timed = async |call: &str| {
+        let sql = format!("SELECT count({call}) FROM generate_series(1, $1::int8) g");
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            c.batch_execute("BEGIN; SELECT set_config('app.directory_version', '42', true), \
+                             set_config('app.entity_type', 'tenant', true), set_config('app.entity_id', '7', true)")
+                .await
+                .unwrap();
+            let start = std::time::Instant::now();
+            c.query_one(&sql, &[&CALLS]).await.unwrap();
+            best = best.min(start.elapsed().as_secs_f64());
+            c.batch_execute("COMMIT").await.unwrap();
+        }
+        best
+    };
+    let base = timed("g").await;
+    println!("per call, best of 5 loops of {CALLS} calls in one backend:");
+    for (name, call) in [
+        ("plpgsql (guide)", "public.guide_assert_directory_version()"),
+        (
+            "native + entity",
+            "shard_directory.assert_directory_version()",
+        ),
+    ] {
+        let t = timed(call).await;
+        println!("  {name:<16} {:>7.3} us", (t - base) / CALLS as f64 * 1e6);
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let seconds = std::env::var("BENCH_SECONDS").unwrap_or_else(|_| "10".into());
@@ -69,7 +103,9 @@ async fn main() {
         .unwrap();
     pgbench(&cluster, &["-i", "-q", "-s", "1"]);
 
-    println!("pgbench -M prepared -c {clients} -j 2 -T {seconds}, {rounds} interleaved rounds, median TPS");
+    per_call(&c).await;
+
+    println!("\npgbench -M prepared -c {clients} -j 2 -T {seconds}, {rounds} interleaved rounds, median TPS");
     for workload in ["select", "update"] {
         let mut results: Vec<Vec<f64>> = vec![Vec::new(); VARIANTS.len()];
         for _ in 0..rounds {
