@@ -142,6 +142,12 @@ pub enum SdError {
     },
 }
 
+/// The argument, or a 22004 naming it: SQL functions take `Option`s so that a NULL gets a clear
+/// error instead of a silent NULL result (what STRICT would give).
+pub fn required<T>(value: Option<T>, what: &'static str) -> T {
+    value.unwrap_or_else(|| SdError::NullValue { what }.raise())
+}
+
 /// Why a request was refused, as the client sees it in the DETAIL (JSON) and `stats()` counts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rejection {

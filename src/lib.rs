@@ -12,6 +12,11 @@
 
 use pgrx::prelude::*;
 
+/// What every trigger function here returns: the row to write (BEFORE ROW), or nothing. Errors
+/// are raised through `SdError::raise`, never returned, so the SQLSTATE is ours.
+pub(crate) type TriggerResult<'a> =
+    Result<Option<PgHeapTuple<'a, pgrx::AllocatedByRust>>, pgrx::datum::TryFromDatumError>;
+
 mod directory;
 mod entity;
 mod error;

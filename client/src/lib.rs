@@ -13,6 +13,7 @@
 
 #![warn(missing_docs)]
 
+mod backoff;
 mod cache;
 #[cfg(feature = "debug-http")]
 pub mod debug_http;

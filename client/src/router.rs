@@ -77,13 +77,8 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// Exponential with full jitter on the upper half.
     fn backoff(&self, attempt: u32) -> Duration {
-        let base = self
-            .base_backoff
-            .saturating_mul(1 << attempt.min(16))
-            .min(self.max_backoff);
-        base / 2 + base.mul_f64(fastrand::f64() / 2.0)
+        crate::backoff::jittered(self.base_backoff, attempt, self.max_backoff)
     }
 }
 

@@ -53,14 +53,6 @@ pub(crate) struct Watcher {
 /// How the watcher's connection shows up in `pg_stat_activity`.
 pub const APPLICATION_NAME: &str = "shard_directory_watcher";
 
-/// Exponential backoff from 50 ms, capped, with full jitter on the upper half.
-fn backoff(attempt: u32, max: Duration) -> Duration {
-    let base = Duration::from_millis(50)
-        .saturating_mul(1 << attempt.min(16))
-        .min(max);
-    base / 2 + base.mul_f64(fastrand::f64() / 2.0)
-}
-
 impl Watcher {
     /// Applies a version heard from the directory.
     fn apply(&self, version: i64, lag: Option<Duration>) {
@@ -77,7 +69,8 @@ impl Watcher {
         loop {
             let err = self.session(&mut failures).await;
             self.watch.connected.store(false, Ordering::SeqCst);
-            let wait = backoff(failures, self.max_backoff);
+            let wait =
+                crate::backoff::jittered(Duration::from_millis(50), failures, self.max_backoff);
             tracing::warn!(error = %err, retry_in = ?wait, "shard directory watcher disconnected");
             failures = failures.saturating_add(1);
             tokio::time::sleep(wait).await;

@@ -6,7 +6,7 @@ use pgrx::prelude::*;
 
 use super::row::Entry;
 use super::transition::Transition;
-use crate::error::SdError;
+use crate::error::{required, SdError};
 
 /// Who is writing to `shard_directory_history` right now, if anyone: the guard trigger on the
 /// history table lets exactly these two through.
@@ -73,10 +73,6 @@ pub fn record(old: Option<&Entry>, new: Option<&Entry>, transition: Transition, 
         ],
     )
     .expect("record history");
-}
-
-fn required<T>(value: Option<T>, what: &'static str) -> T {
-    value.unwrap_or_else(|| SdError::NullValue { what }.raise())
 }
 
 /// The shard that held the entity at `at`, from history; NULL if it did not exist then.

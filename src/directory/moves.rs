@@ -5,23 +5,7 @@
 use pgrx::prelude::*;
 
 use super::transition::{self, EntityKey, Placement, State, Transition};
-use crate::error::SdError;
-
-fn key(entity_type: Option<&str>, entity_id: Option<&str>) -> EntityKey {
-    EntityKey {
-        entity_type: entity_type
-            .unwrap_or_else(|| {
-                SdError::NullValue {
-                    what: "entity_type",
-                }
-                .raise()
-            })
-            .to_owned(),
-        entity_id: entity_id
-            .unwrap_or_else(|| SdError::NullValue { what: "entity_id" }.raise())
-            .to_owned(),
-    }
-}
+use crate::error::{required, SdError};
 
 fn lock_entry(key: &EntityKey, step: &'static str) -> Placement {
     let row = Spi::connect_mut(|c| {
@@ -113,13 +97,8 @@ fn begin_move(
     entity_id: Option<&str>,
     target_shard: Option<&str>,
 ) -> i64 {
-    let key = key(entity_type, entity_id);
-    let target = target_shard.unwrap_or_else(|| {
-        SdError::NullValue {
-            what: "target_shard",
-        }
-        .raise()
-    });
+    let key = EntityKey::from_args(entity_type, entity_id);
+    let target = required(target_shard, "target_shard");
     step(key, "begin_move", &[Transition::BeginMove], |old| {
         Placement {
             state: State::Migrating,
@@ -133,7 +112,7 @@ fn begin_move(
 #[pg_extern(volatile)]
 fn freeze(entity_type: Option<&str>, entity_id: Option<&str>) -> i64 {
     step(
-        key(entity_type, entity_id),
+        EntityKey::from_args(entity_type, entity_id),
         "freeze",
         &[Transition::Freeze, Transition::MaintenanceFreeze],
         |old| Placement {
@@ -147,7 +126,7 @@ fn freeze(entity_type: Option<&str>, entity_id: Option<&str>) -> i64 {
 #[pg_extern(volatile)]
 fn complete_move(entity_type: Option<&str>, entity_id: Option<&str>) -> i64 {
     step(
-        key(entity_type, entity_id),
+        EntityKey::from_args(entity_type, entity_id),
         "complete_move",
         &[Transition::Cutover],
         |old| Placement {
@@ -165,7 +144,7 @@ fn complete_move(entity_type: Option<&str>, entity_id: Option<&str>) -> i64 {
 #[pg_extern(volatile)]
 fn abort_move(entity_type: Option<&str>, entity_id: Option<&str>) -> i64 {
     step(
-        key(entity_type, entity_id),
+        EntityKey::from_args(entity_type, entity_id),
         "abort_move",
         &[Transition::Abort],
         |old| Placement {

@@ -4,7 +4,7 @@ use pgrx::prelude::*;
 use pgrx::WhoAllocated;
 
 use super::transition::{EntityKey, Placement, State};
-use crate::error::SdError;
+use crate::error::{required, SdError};
 
 pub struct Entry {
     pub key: EntityKey,
@@ -17,21 +17,21 @@ fn text<A: WhoAllocated>(t: &PgHeapTuple<'_, A>, column: &'static str) -> Option
         .unwrap_or_else(|e| panic!("shard_directory.{column}: {e}"))
 }
 
-fn required<A: WhoAllocated>(t: &PgHeapTuple<'_, A>, column: &'static str) -> String {
-    text(t, column).unwrap_or_else(|| SdError::NullValue { what: column }.raise())
+fn not_null<A: WhoAllocated>(t: &PgHeapTuple<'_, A>, column: &'static str) -> String {
+    required(text(t, column), column)
 }
 
 impl Entry {
     pub fn read<A: WhoAllocated>(t: &PgHeapTuple<'_, A>) -> Entry {
         let key = EntityKey {
-            entity_type: required(t, "entity_type"),
-            entity_id: required(t, "entity_id"),
+            entity_type: not_null(t, "entity_type"),
+            entity_id: not_null(t, "entity_id"),
         };
-        let state = State::parse(&key, &required(t, "state")).unwrap_or_else(|e| e.raise());
+        let state = State::parse(&key, &not_null(t, "state")).unwrap_or_else(|e| e.raise());
         Entry {
             placement: Placement {
                 state,
-                shard_name: required(t, "shard_name"),
+                shard_name: not_null(t, "shard_name"),
                 target_shard: text(t, "target_shard"),
             },
             region: text(t, "region"),

@@ -1,17 +1,14 @@
 //! The native triggers on the directory's tables. Each one is thin: the rules are in
 //! `transition`, the version in `statement`, history in `history`.
 
-use pgrx::datum::TryFromDatumError;
 use pgrx::prelude::*;
-use pgrx::AllocatedByRust;
 
 use super::row::Entry;
 use super::transition::{self, Transition};
 use super::{history, statement};
 use crate::error::SdError;
 use crate::guc;
-
-type RowResult<'a> = Result<Option<PgHeapTuple<'a, AllocatedByRust>>, TryFromDatumError>;
+use crate::TriggerResult;
 
 fn now() -> TimestampWithTimeZone {
     TimestampWithTimeZone::try_from(unsafe { pg_sys::GetCurrentTransactionStartTimestamp() })
@@ -57,7 +54,7 @@ fn classify(
 
 /// BEFORE STATEMENT: opens the statement's version frame.
 #[pg_trigger]
-fn shard_directory_statement_begin<'a>(_trigger: &'a PgTrigger<'a>) -> RowResult<'a> {
+fn shard_directory_statement_begin<'a>(_trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     statement::begin();
     Ok(None)
 }
@@ -65,7 +62,7 @@ fn shard_directory_statement_begin<'a>(_trigger: &'a PgTrigger<'a>) -> RowResult
 /// BEFORE ROW: the state machine, the shard registry and region rule, then the version stamp and
 /// who/when, which no writer can forge.
 #[pg_trigger]
-fn shard_directory_guard<'a>(trigger: &'a PgTrigger<'a>) -> RowResult<'a> {
+fn shard_directory_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     let (old, new, _) = classify(trigger).unwrap_or_else(|e| e.raise());
     let version = statement::current();
     let Some(new) = new else {
@@ -86,7 +83,7 @@ fn shard_directory_guard<'a>(trigger: &'a PgTrigger<'a>) -> RowResult<'a> {
 
 /// AFTER ROW: one history row per changed entry, with the transition it made.
 #[pg_trigger]
-fn shard_directory_record_history<'a>(trigger: &'a PgTrigger<'a>) -> RowResult<'a> {
+fn shard_directory_record_history<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     let (old, new, transition) = classify(trigger).unwrap_or_else(|e| e.raise());
     let version = match &new {
         Some(_) => trigger
@@ -101,7 +98,7 @@ fn shard_directory_record_history<'a>(trigger: &'a PgTrigger<'a>) -> RowResult<'
 
 /// AFTER STATEMENT (the guide's `shard_directory_changed`): notify the new version, if any.
 #[pg_trigger]
-fn notify_directory_change<'a>(_trigger: &'a PgTrigger<'a>) -> RowResult<'a> {
+fn notify_directory_change<'a>(_trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     if let Some(version) = statement::end() {
         statement::notify(version);
     }
@@ -110,7 +107,7 @@ fn notify_directory_change<'a>(_trigger: &'a PgTrigger<'a>) -> RowResult<'a> {
 
 /// BEFORE TRUNCATE on the directory's tables: a truncate would bypass versioning and history.
 #[pg_trigger]
-fn shard_directory_refuse_truncate<'a>(trigger: &'a PgTrigger<'a>) -> RowResult<'a> {
+fn shard_directory_refuse_truncate<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     let table = trigger.table_name().unwrap_or_default();
     SdError::TruncateRefused {
         table: format!("shard_directory.{table}"),
@@ -120,7 +117,7 @@ fn shard_directory_refuse_truncate<'a>(trigger: &'a PgTrigger<'a>) -> RowResult<
 
 /// BEFORE ROW on `shard_directory_version`: one row, only moving forward.
 #[pg_trigger]
-fn shard_directory_version_guard<'a>(trigger: &'a PgTrigger<'a>) -> RowResult<'a> {
+fn shard_directory_version_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     let version = |t: Option<PgHeapTuple<'a, _>>| {
         t.and_then(|t| t.get_by_name::<i64>("version").ok().flatten())
             .unwrap_or(i64::MIN)
@@ -141,7 +138,7 @@ fn shard_directory_version_guard<'a>(trigger: &'a PgTrigger<'a>) -> RowResult<'a
 /// BEFORE ROW on `shard_directory_history`: only the history trigger inserts, only
 /// `purge_history` deletes, nothing updates.
 #[pg_trigger]
-fn shard_directory_history_guard<'a>(trigger: &'a PgTrigger<'a>) -> RowResult<'a> {
+fn shard_directory_history_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     let allowed = match op(trigger) {
         PgTriggerOperation::Insert => history::writing(history::Writer::Recorder),
         PgTriggerOperation::Delete => history::writing(history::Writer::Purge),

@@ -2,7 +2,6 @@
 //! `min_accepted`, then against the entity's fence.
 
 use pgrx::prelude::*;
-use pgrx::AllocatedByRust;
 
 use super::locks::{self, Mode};
 use super::state::{self, Fence};
@@ -10,6 +9,7 @@ use super::stats::{self, Counter};
 use crate::entity::EntityKey;
 use crate::error::SdError;
 use crate::guc::Request;
+use crate::TriggerResult;
 
 fn refuse(e: SdError) -> ! {
     if let Some(r) = e.rejection() {
@@ -80,9 +80,7 @@ fn assert_directory_version() {
 /// Statement trigger installed by `protect(table)`: every INSERT, UPDATE, DELETE and TRUNCATE of
 /// the table is checked as if the application had called `assert_directory_version()`.
 #[pg_trigger]
-pub fn shard_directory_protect_statement<'a>(
-    _trigger: &'a PgTrigger<'a>,
-) -> Result<Option<PgHeapTuple<'a, AllocatedByRust>>, pgrx::datum::TryFromDatumError> {
+pub fn shard_directory_protect_statement<'a>(_trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     check_request();
     Ok(None)
 }
@@ -92,9 +90,7 @@ pub fn shard_directory_protect_statement<'a>(
 /// row is refused whole. The key is read through the column type's output function, so any key
 /// type works.
 #[pg_trigger]
-pub fn shard_directory_protect_row<'a>(
-    trigger: &'a PgTrigger<'a>,
-) -> Result<Option<PgHeapTuple<'a, AllocatedByRust>>, pgrx::datum::TryFromDatumError> {
+pub fn shard_directory_protect_row<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     let args = trigger.extra_args().expect("trigger arguments");
     let broken = |problem: String| SdError::ProtectionBroken {
         trigger: format!(

@@ -3,26 +3,12 @@
 //! by hand) take the exclusive lock and invalidate every backend's cached copy at commit.
 
 use pgrx::prelude::*;
-use pgrx::AllocatedByRust;
 
 use super::locks::{self, Mode};
 use super::state;
 use crate::entity::EntityKey;
-use crate::error::SdError;
-
-type RowResult<'a> =
-    Result<Option<PgHeapTuple<'a, AllocatedByRust>>, pgrx::datum::TryFromDatumError>;
-
-fn required<T>(value: Option<T>, what: &'static str) -> T {
-    value.unwrap_or_else(|| SdError::NullValue { what }.raise())
-}
-
-fn key(entity_type: Option<&str>, entity_id: Option<&str>) -> EntityKey {
-    EntityKey {
-        entity_type: required(entity_type, "entity_type").to_owned(),
-        entity_id: required(entity_id, "entity_id").to_owned(),
-    }
-}
+use crate::error::{required, SdError};
+use crate::TriggerResult;
 
 /// Raises the shard-wide minimum version. Waits for the checked transactions in flight; refuses
 /// a value that is not above the current minimum.
@@ -70,7 +56,7 @@ fn set_fence(key: EntityKey, fence_state: &str, min_version: Option<i64>, moved_
 fn fence_owned(entity_type: Option<&str>, entity_id: Option<&str>, min_version: Option<i64>) {
     let min_version = required(min_version, "min_version");
     set_fence(
-        key(entity_type, entity_id),
+        EntityKey::from_args(entity_type, entity_id),
         "owned",
         Some(min_version),
         None,
@@ -80,7 +66,12 @@ fn fence_owned(entity_type: Option<&str>, entity_id: Option<&str>, min_version: 
 /// The entity's final catch-up is running: every request for it is refused, retryably.
 #[pg_extern(volatile)]
 fn fence_frozen(entity_type: Option<&str>, entity_id: Option<&str>) {
-    set_fence(key(entity_type, entity_id), "frozen", None, None);
+    set_fence(
+        EntityKey::from_args(entity_type, entity_id),
+        "frozen",
+        None,
+        None,
+    );
 }
 
 /// The entity now lives on `moved_to` as of directory version `version`.
@@ -94,7 +85,7 @@ fn fence_moved(
     let moved_to = required(moved_to, "moved_to");
     let version = required(version, "version");
     set_fence(
-        key(entity_type, entity_id),
+        EntityKey::from_args(entity_type, entity_id),
         "moved",
         Some(version),
         Some(moved_to),
@@ -104,7 +95,7 @@ fn fence_moved(
 /// Removes the entity's fence: `min_accepted` alone governs it again.
 #[pg_extern(volatile)]
 fn unfence(entity_type: Option<&str>, entity_id: Option<&str>) {
-    let key = key(entity_type, entity_id);
+    let key = EntityKey::from_args(entity_type, entity_id);
     Spi::run_with_args(
         "DELETE FROM shard_directory.shard_fences WHERE entity_type = $1 AND entity_id = $2",
         &[
@@ -122,7 +113,7 @@ fn invalidate(relid: pg_sys::Oid) {
 /// BEFORE ROW on `shard_settings`: one row, `min_accepted` never lowered, exclusive lock, and
 /// every backend's cached value invalidated at commit.
 #[pg_trigger]
-pub fn shard_settings_guard<'a>(trigger: &'a PgTrigger<'a>) -> RowResult<'a> {
+pub fn shard_settings_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     let min = |t: Option<PgHeapTuple<'a, _>>| {
         t.and_then(|t| t.get_by_name::<i64>("min_accepted").ok().flatten())
             .unwrap_or(0)
@@ -146,7 +137,7 @@ pub fn shard_settings_guard<'a>(trigger: &'a PgTrigger<'a>) -> RowResult<'a> {
 /// BEFORE ROW on `shard_fences`: the entity's exclusive lock (old and new key), and every
 /// backend's cached fences invalidated at commit.
 #[pg_trigger]
-pub fn shard_fences_changed<'a>(trigger: &'a PgTrigger<'a>) -> RowResult<'a> {
+pub fn shard_fences_changed<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     let key_of = |t: Option<PgHeapTuple<'a, _>>| {
         t.map(|t| EntityKey {
             entity_type: t

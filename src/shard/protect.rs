@@ -4,7 +4,7 @@
 use pgrx::prelude::*;
 use pgrx::PgRelation;
 
-use crate::error::SdError;
+use crate::error::{required, SdError};
 
 /// Drops only the triggers that exist, so `protect` twice and `unprotect` say nothing.
 const DROP: &str =
@@ -72,14 +72,8 @@ fn protect(tbl: PgRelation) {
 /// against its fence, so a statement touching a moved tenant's row is refused whole.
 #[pg_extern(volatile, name = "protect")]
 fn protect_rows(tbl: PgRelation, key_column: Option<&str>, entity_type: Option<&str>) {
-    let key_column =
-        key_column.unwrap_or_else(|| SdError::NullValue { what: "key_column" }.raise());
-    let entity_type = entity_type.unwrap_or_else(|| {
-        SdError::NullValue {
-            what: "entity_type",
-        }
-        .raise()
-    });
+    let key_column = required(key_column, "key_column");
+    let entity_type = required(entity_type, "entity_type");
     install(tbl, Some((key_column, entity_type)));
 }
 

@@ -253,23 +253,28 @@ impl Cluster {
             .expect("create extension");
     }
 
+    /// A PostgreSQL client program (`createdb`, `pgbench`, `psql`, ...) pointed at this cluster.
+    pub fn client_command(&self, program: &str) -> Command {
+        let mut c = Command::new(bindir().join(program));
+        c.args([
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-p",
+            &self.port.to_string(),
+        ]);
+        c
+    }
+
     /// Runs one `pg_regress` test against this cluster, in a new database named after it;
     /// returns whether it passed and its report (with the diffs when it did not).
     pub fn pg_regress(&self, input_dir: &Path, output_dir: &Path, test: &str) -> (bool, String) {
         let pg_regress = pg_config_dir("--pkglibdir").join("pgxs/src/test/regress/pg_regress");
         fs::create_dir_all(output_dir).expect("create pg_regress output dir");
         // with --use-existing, pg_regress expects its database to be there
-        let mut createdb = Command::new(bindir().join("createdb"));
-        createdb
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-U",
-                "postgres",
-                "-p",
-                &self.port.to_string(),
-            ])
-            .arg(test);
+        let mut createdb = self.client_command("createdb");
+        createdb.arg(test);
         run(createdb, "createdb");
         let out = Command::new(pg_regress)
             .arg("--use-existing")

@@ -6,22 +6,14 @@
 //! Run with `bash scripts/bench.sh` (installs a release build first).
 
 use std::path::Path;
-use std::process::Command;
 
 use shard_directory_e2e::Cluster;
 
 const VARIANTS: [&str; 4] = ["none", "plpgsql", "native", "native_entity"];
 
 fn pgbench(cluster: &Cluster, args: &[&str]) -> String {
-    let out = Command::new(Path::new("/usr/lib/postgresql/15/bin/pgbench"))
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-U",
-            "postgres",
-            "-p",
-            &cluster.port().to_string(),
-        ])
+    let out = cluster
+        .client_command("pgbench")
         .args(args)
         .arg("bench")
         .output()
