@@ -126,6 +126,8 @@ impl Watcher {
                             Err(_) => read().await?,
                         },
                         Some(Err(e)) => return Err(e),
+                        // The connection ended without an error message: the next query
+                        // returns the "connection closed" error that ends this session.
                         None => { client.simple_query("").await?; }
                     },
                     _ = ticker.tick() => read().await?,

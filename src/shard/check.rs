@@ -57,7 +57,7 @@ fn check_entity(key: &EntityKey, version: Option<i64>) {
 }
 
 /// The client's declared version (and entity, if it declared one), checked.
-fn check_request() -> Request {
+fn check_request() {
     let request = Request::read().unwrap_or_else(|e| {
         stats::count(Counter::Checks);
         refuse(e)
@@ -66,7 +66,6 @@ fn check_request() -> Request {
     if let Some(key) = &request.entity {
         check_entity(key, request.version);
     }
-    request
 }
 
 /// Raises 40001 when the client's `app.directory_version` is unset or below `min_accepted`, or
