@@ -1,11 +1,15 @@
 -- Directory database objects. The rules live in the Rust trigger functions (src/directory/);
 -- this file only declares the tables and wires the triggers.
 
--- Registry of shards: a typo'd shard name is an error, not an outage.
+-- Registry of shards: a typo'd shard name is an error, not an outage. conninfo says where the
+-- shard is (libpq keywords or URI, never a password: libpq takes it from .pgpass or the
+-- environment), so the mover and routers need only the directory's address.
 CREATE TABLE shards (
     shard_name  text        PRIMARY KEY,
     region      text,
-    created_at  timestamptz NOT NULL DEFAULT now()
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    conninfo    text        CONSTRAINT shards_conninfo_has_no_password CHECK (
+                    conninfo !~* '(^|[\s?&])password\s*=' AND conninfo !~* '^postgres(ql)?://[^/@]*:[^/@]*@')
 );
 
 -- The guide's table, plus target_shard: where a migrating / read_only entry is going.
@@ -57,6 +61,44 @@ CREATE TABLE shard_directory_history (
 
 CREATE INDEX shard_directory_history_entity_idx
     ON shard_directory_history (entity_type, entity_id, changed_at);
+
+-- One row per move made by the mover (crate shard-directory-mover): where it stands, what it
+-- saw, and what an abort must restore. The publication, slot and subscription of a logical move
+-- are all named replication_name, derived from move_id so it is recorded before they exist.
+CREATE TABLE shard_moves (
+    move_id           bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    entity_type       text        NOT NULL,
+    entity_id         text        NOT NULL,
+    source_shard      text        NOT NULL REFERENCES shards (shard_name),
+    target_shard      text        NOT NULL REFERENCES shards (shard_name),
+    method            text        NOT NULL CHECK (method IN ('logical', 'copy')),
+    phase             text        NOT NULL DEFAULT 'migrating' CHECK (phase IN (
+                          'migrating', 'copying', 'catching_up', 'frozen', 'verified', 'cutover',
+                          'cleaning_up', 'done', 'aborting', 'aborted')),
+    keep_source       boolean     NOT NULL DEFAULT false,
+    max_freeze        interval    NOT NULL,
+    replication_name  text        GENERATED ALWAYS AS ('sd_move_' || move_id) STORED,
+    source_fence      jsonb       NOT NULL,   -- the entity's fence on each side before the move
+    target_fence      jsonb       NOT NULL,
+    tables            jsonb       NOT NULL DEFAULT '{}',  -- per table: rows total, copied, deleted
+    freeze_version    bigint,
+    cutover_version   bigint,
+    catchup_lsn       pg_lsn,     -- source WAL insert position taken after the freeze committed
+    confirmed_lsn     pg_lsn,     -- the slot's confirmed position once it passed catchup_lsn
+    freeze_started_at timestamptz,
+    max_freeze_seen   interval,
+    last_error        text,
+    started_by        text        NOT NULL DEFAULT current_user,
+    started_at        timestamptz NOT NULL DEFAULT now(),
+    updated_at        timestamptz NOT NULL DEFAULT now(),
+    finished_at       timestamptz,
+    CHECK (source_shard <> target_shard),
+    CHECK ((finished_at IS NOT NULL) = (phase IN ('done', 'aborted')))
+);
+
+-- At most one open move per entity.
+CREATE UNIQUE INDEX shard_moves_open_idx ON shard_moves (entity_type, entity_id)
+    WHERE finished_at IS NULL;
 
 -- Trigger order on shard_directory for one statement:
 --   statement_begin (opens the statement), guard (per row: state machine, shards, region,

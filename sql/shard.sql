@@ -36,3 +36,22 @@ CREATE TRIGGER shard_fences_changed
 CREATE TRIGGER shard_fences_no_truncate
     BEFORE TRUNCATE ON shard_fences
     FOR EACH STATEMENT EXECUTE FUNCTION shard_directory_refuse_truncate();
+
+-- The tables an entity type's rows live in: those protected with
+-- protect(tbl, key_column, entity_type). The mover moves exactly these.
+CREATE FUNCTION protected_tables()
+RETURNS TABLE (tbl regclass, key_column text, entity_type text)
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- tgargs holds each argument followed by a zero byte: key_column, entity_type.
+    SELECT t.tgrelid::regclass,
+           convert_from(substring(t.tgargs FROM 1 FOR z.at - 1), 'UTF8'),
+           convert_from(substring(t.tgargs FROM z.at + 1 FOR octet_length(t.tgargs) - z.at - 1), 'UTF8')
+    FROM pg_trigger t
+    CROSS JOIN LATERAL (SELECT position(decode('00', 'hex') IN t.tgargs) AS at) z
+    WHERE t.tgfoid = 'shard_directory.shard_directory_protect_row()'::regprocedure
+      AND t.tgnargs = 2
+      AND t.tgparentid = 0  -- not the clones on partitions
+    ORDER BY 1
+$$;

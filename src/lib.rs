@@ -22,6 +22,7 @@ mod entity;
 mod error;
 mod guc;
 mod shard;
+mod xact;
 
 ::pgrx::pg_module_magic!(name, version);
 
@@ -29,7 +30,7 @@ mod shard;
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     guc::init();
-    directory::init();
+    xact::init();
     shard::init();
 }
 

@@ -215,8 +215,11 @@ impl Directory {
     }
 
     /// Records what a shard said when it refused a transaction for a moved entity: the entity is
-    /// active on `moved_to` since `version`. Lets the retry go straight there, without a
-    /// directory round trip.
+    /// active on `moved_to` as of `version`. Lets the retry go straight there, without a
+    /// directory round trip. The learned entry is stamped with the fence's version, not this
+    /// client's newest: the entity may have moved on from `moved_to` since, and only a request
+    /// carrying `version` can be refused there for that. When the client already knows a newer
+    /// version, the fill is refused and the retry reads the directory.
     pub(crate) fn learn_moved(&self, entry: &Entry, moved_to: &str, version: i64) {
         let cache = &self.inner.cache;
         cache.invalidate(version);
@@ -225,7 +228,7 @@ impl Directory {
             target_shard: None,
             state: State::Active,
             version,
-            directory_version: cache.version(),
+            directory_version: version,
             ..entry.clone()
         };
         cache.fill(Arc::new(learned));

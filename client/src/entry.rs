@@ -44,13 +44,25 @@ pub enum State {
     ReadOnly,
 }
 
-impl State {
-    pub(crate) fn parse(s: &str) -> Option<State> {
+/// A `state` value this crate does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown directory entry state \"{0}\"")]
+pub struct UnknownState(pub String);
+
+impl std::str::FromStr for State {
+    type Err = UnknownState;
+
+    /// ```
+    /// use shard_directory_client::State;
+    /// assert_eq!("read_only".parse::<State>(), Ok(State::ReadOnly));
+    /// assert!("paused".parse::<State>().is_err());
+    /// ```
+    fn from_str(s: &str) -> Result<State, UnknownState> {
         match s {
-            "active" => Some(State::Active),
-            "migrating" => Some(State::Migrating),
-            "read_only" => Some(State::ReadOnly),
-            _ => None,
+            "active" => Ok(State::Active),
+            "migrating" => Ok(State::Migrating),
+            "read_only" => Ok(State::ReadOnly),
+            other => Err(UnknownState(other.to_owned())),
         }
     }
 }

@@ -32,7 +32,7 @@ mod watcher;
 #[cfg(feature = "test-hooks")]
 pub use directory::FillHook;
 pub use directory::{Directory, DirectoryConfig};
-pub use entry::{EntityKey, Entry, State};
+pub use entry::{EntityKey, Entry, State, UnknownState};
 pub use error::{Error, Result};
 pub use metrics::Stats;
 pub use policy::Policy;

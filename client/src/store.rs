@@ -74,7 +74,7 @@ impl Store {
             shard_name,
             target_shard: row.get(2),
             // A state this client does not know is treated as the most restrictive one.
-            state: State::parse(row.get(3)).unwrap_or(State::ReadOnly),
+            state: row.get::<_, &str>(3).parse().unwrap_or(State::ReadOnly),
             region: row.get(4),
             version: row.get(5),
             directory_version,

@@ -4,10 +4,6 @@
 mod history;
 mod moves;
 mod row;
-mod statement;
+pub(crate) mod statement;
 pub mod transition;
 pub mod triggers;
-
-pub fn init() {
-    statement::init();
-}

@@ -98,20 +98,7 @@ pub fn notify(version: i64) {
     .expect("pg_notify");
 }
 
-#[pg_guard]
-unsafe extern "C-unwind" fn on_xact_end(
-    event: pg_sys::XactEvent::Type,
-    _arg: *mut std::ffi::c_void,
-) {
-    use pg_sys::XactEvent::*;
-    if matches!(
-        event,
-        XACT_EVENT_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PREPARE | XACT_EVENT_PARALLEL_ABORT
-    ) {
-        FRAMES.with_borrow_mut(Vec::clear);
-    }
-}
-
-pub fn init() {
-    unsafe { pg_sys::RegisterXactCallback(Some(on_xact_end), std::ptr::null_mut()) };
+/// Called by `crate::xact` when the transaction ends: no frame outlives its transaction.
+pub fn clear() {
+    FRAMES.with_borrow_mut(Vec::clear);
 }

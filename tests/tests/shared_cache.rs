@@ -14,12 +14,7 @@ async fn directory(t: &Topology, redis: &RedisServer) -> Directory {
         shared_cache: Some(SharedCacheConfig::new(redis.url())),
         ..Default::default()
     };
-    let d = t.client_directory(config).await;
-    eventually("the watcher to connect", DEADLINE, || async {
-        d.is_connected().then_some(())
-    })
-    .await;
-    d
+    t.client_directory(config).await
 }
 
 #[tokio::test]

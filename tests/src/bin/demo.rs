@@ -97,8 +97,8 @@ async fn main() {
         app.directory().version()
     );
 
-    println!("\nmoving tenant 8842 to shard_2 (copy of rows left out; fences on both shards):");
-    let moved_at = t.move_tenant("8842", "shard_1", "shard_2").await;
+    println!("\nmoving tenant 8842 to shard_2 with the mover (its rows, then the fences):");
+    let moved_at = t.move_tenant("8842", "shard_2").await;
     for _ in 0..3 {
         println!("   listener heard version {}", heard(&mut listener).await);
     }

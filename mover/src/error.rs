@@ -1,0 +1,230 @@
+//! Every error the mover reports: which step failed, where (the directory, a shard, a table), and
+//! what to do next where there is something to do.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::phase::Phase;
+
+/// A step of a move, as errors and logs name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    Connect,
+    Preflight,
+    Begin,
+    Replicate,
+    Sync,
+    CatchUp,
+    Freeze,
+    Copy,
+    Verify,
+    Sequences,
+    FenceTarget,
+    Cutover,
+    FenceSource,
+    DropReplication,
+    DeleteSource,
+    Abort,
+    Record,
+    Cleanup,
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Step::Connect => "connect",
+            Step::Preflight => "preflight",
+            Step::Begin => "begin",
+            Step::Replicate => "replicate",
+            Step::Sync => "initial copy",
+            Step::CatchUp => "catch-up",
+            Step::Freeze => "freeze",
+            Step::Copy => "copy",
+            Step::Verify => "verify",
+            Step::Sequences => "sequences",
+            Step::FenceTarget => "fence target",
+            Step::Cutover => "cutover",
+            Step::FenceSource => "fence source",
+            Step::DropReplication => "drop replication",
+            Step::DeleteSource => "delete source rows",
+            Step::Abort => "abort",
+            Step::Record => "move record",
+            Step::Cleanup => "cleanup",
+        })
+    }
+}
+
+/// Where a database error happened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Place {
+    Directory,
+    Shard(String),
+    Table { shard: String, table: String },
+}
+
+impl fmt::Display for Place {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Place::Directory => f.write_str("directory"),
+            Place::Shard(s) => write!(f, "shard {s}"),
+            Place::Table { shard, table } => write!(f, "shard {shard}, table {table}"),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A database call failed.
+    #[error("{step}: {place}: {}", db_message(.source))]
+    Db {
+        step: Step,
+        place: Place,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// The move cannot start (or go on) as asked; nothing was changed by this check.
+    #[error("{problem}\n  fix: {fix}")]
+    Preflight { problem: String, fix: String },
+    /// The entity's rows differ between source and target while frozen.
+    #[error(
+        "verify: table {table} differs: source has {source_rows} rows, target {target_rows}; \
+         differing keys (first 20): {}", .keys.join(", ")
+    )]
+    Mismatch {
+        table: String,
+        source_rows: i64,
+        target_rows: i64,
+        keys: Vec<String>,
+    },
+    /// Catch-up and verification did not finish within `--max-freeze`.
+    #[error("{step}: the freeze exceeded --max-freeze ({})", humantime::format_duration(*.limit))]
+    FreezeExceeded { step: Step, limit: Duration },
+    /// Waiting for something that did not happen in time (outside the freeze).
+    #[error("{step}: timed out after {} waiting for {what}", humantime::format_duration(*.after))]
+    Timeout {
+        step: Step,
+        what: String,
+        after: Duration,
+    },
+    /// The target's subscription stopped after an error (`disable_on_error`).
+    #[error(
+        "{step}: subscription {name} on shard {shard} was disabled after {errors} error(s); \
+         its server log says why"
+    )]
+    SubscriptionFailed {
+        step: Step,
+        name: String,
+        shard: String,
+        errors: i64,
+    },
+    /// The move is in a state that does not allow what was asked.
+    #[error("move {move_id} ({phase}): {why}")]
+    State {
+        move_id: i64,
+        phase: Phase,
+        why: String,
+    },
+    /// Another process holds the move.
+    #[error("move {0} is being run by another process (its session holds the move's lock)")]
+    Busy(i64),
+    #[error("no move with id {0} in shard_directory.shard_moves")]
+    UnknownMove(i64),
+    /// Bad configuration: a connection string, the TOML file.
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+/// tokio-postgres prints "db error" for server errors; the message, DETAIL and HINT say more.
+fn db_message(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => {
+            let mut s = format!("{} ({})", db.message(), db.code().code());
+            if let Some(d) = db.detail() {
+                s.push_str(&format!("; DETAIL: {d}"));
+            }
+            if let Some(h) = db.hint() {
+                s.push_str(&format!("; HINT: {h}"));
+            }
+            s
+        }
+        None => e.to_string(),
+    }
+}
+
+/// Attaches the step and place to a database error.
+pub(crate) trait At<T> {
+    fn at(self, step: Step, place: impl Into<Place>) -> Result<T, Error>;
+}
+
+impl<T> At<T> for Result<T, tokio_postgres::Error> {
+    fn at(self, step: Step, place: impl Into<Place>) -> Result<T, Error> {
+        self.map_err(|source| Error::Db {
+            step,
+            place: place.into(),
+            source,
+        })
+    }
+}
+
+impl From<&str> for Place {
+    fn from(shard: &str) -> Place {
+        Place::Shard(shard.to_owned())
+    }
+}
+
+/// How a move that failed was left: what the operator does next depends on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Left {
+    /// Nothing was started (preflight refused, or the record could not be written).
+    Untouched,
+    /// The move was aborted: the entity is active and writable on its source.
+    Aborted,
+    /// The move stopped where it was; `resume` continues it (and `abort` undoes it, before the
+    /// cutover).
+    Resumable,
+}
+
+/// A move that did not finish.
+#[derive(Debug)]
+pub struct Failure {
+    pub move_id: Option<i64>,
+    pub error: Error,
+    pub left: Left,
+    /// When an automatic abort was tried and failed too.
+    pub abort_error: Option<Error>,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.error)?;
+        match (self.left, self.move_id) {
+            (Left::Aborted, Some(id)) => write!(
+                f,
+                "\nmove {id} was aborted: the entity is active and writable on its source shard"
+            )?,
+            (Left::Resumable, Some(id)) => write!(
+                f,
+                "\nmove {id} is left resumable: `shard-directory resume {id}` continues it, \
+                 `shard-directory abort {id}` undoes it (before its cutover)"
+            )?,
+            _ => write!(f, "\nnothing was changed")?,
+        }
+        if let Some(e) = &self.abort_error {
+            write!(f, "\nthe automatic abort failed too: {e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Failure {}
+
+impl Failure {
+    pub(crate) fn untouched(error: Error) -> Failure {
+        Failure {
+            move_id: None,
+            error,
+            left: Left::Untouched,
+            abort_error: None,
+        }
+    }
+}

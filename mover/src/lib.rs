@@ -1,0 +1,50 @@
+//! `shard-directory-mover`: moves one entity between shards while the application keeps running,
+//! and ends with the directory, the fences and the rows agreeing.
+//!
+//! The entity's tables are the ones its shards `protect(table, key_column, entity_type)`. Two
+//! methods carry its rows: `logical` (a row-filtered publication on the source and a subscription
+//! on the target: copy, then stream; writes are refused only for the final catch-up) and `copy`
+//! (the rows are copied while the entity is frozen). Every move is a row of
+//! `shard_directory.shard_moves`; every step is idempotent and reads the real state, so a move
+//! that stopped anywhere continues with [`Mover::resume`] or returns to its start with
+//! [`Mover::abort`], up to `complete_move`, its point of no return.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use shard_directory_client::EntityKey;
+//! use shard_directory_mover::{MoveOptions, Mover, Overrides};
+//!
+//! let mover = Mover::new(
+//!     "host=dir.internal dbname=directory user=mover".parse()?,
+//!     Overrides::default(),
+//!     MoveOptions::default(),
+//! );
+//! let done = mover.start(&EntityKey::new("tenant", "8842"), "shard_2").await?;
+//! println!("moved at version {:?}, frozen for {:?}", done.cutover_version, done.freeze_time());
+//! # Ok(()) }
+//! ```
+
+mod catalog;
+mod copy;
+mod entry;
+mod error;
+mod fence;
+mod logical;
+mod mover;
+mod observer;
+mod phase;
+mod purge;
+mod record;
+mod registry;
+mod sequences;
+mod side;
+mod verify;
+
+pub use entry::{HistoryRow, Placement};
+pub use error::{Error, Failure, Left, Place, Step};
+pub use fence::Fence;
+pub use mover::{MethodChoice, MoveOptions, Mover, Plan};
+pub use observer::{LogObserver, Observer};
+pub use phase::Phase;
+pub use record::{Method, MoveRecord, TableProgress};
+pub use registry::{with_password, Endpoint, Overrides, ShardOverride};

@@ -1,0 +1,300 @@
+//! The move record, `shard_directory.shard_moves` in the directory database: what the mover
+//! reads to resume and what `status --json` prints. Directory steps that change an entry
+//! (`begin_move`, `freeze`, `complete_move`, `abort_move`) commit in the same transaction as the
+//! record's phase, so the two never disagree.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use tokio_postgres::{GenericClient, Row};
+
+use crate::fence::Fence;
+use crate::phase::Phase;
+
+/// How a move carries the rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Method {
+    /// A row-filtered publication and a subscription: copy, then stream; a short freeze.
+    Logical,
+    /// A copy while the entity is frozen: for sources without logical decoding.
+    Copy,
+}
+
+impl Method {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Method::Logical => "logical",
+            Method::Copy => "copy",
+        }
+    }
+}
+
+/// Per table: the entity's rows on the source when the move began, and how far copy and delete got.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableProgress {
+    pub rows: i64,
+    #[serde(default)]
+    pub copied: i64,
+    #[serde(default)]
+    pub verified: Option<i64>,
+    #[serde(default)]
+    pub deleted: i64,
+}
+
+/// One row of `shard_moves`. Its JSON form (`status --json`) is stable for scripts: times are
+/// RFC 3339 in UTC, durations in milliseconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct MoveRecord {
+    pub move_id: i64,
+    pub entity_type: String,
+    pub entity_id: String,
+    pub source_shard: String,
+    pub target_shard: String,
+    pub method: Method,
+    pub phase: Phase,
+    pub keep_source: bool,
+    pub max_freeze_ms: i64,
+    /// The publication, slot and subscription of a logical move.
+    pub replication_name: String,
+    pub source_fence: Fence,
+    pub target_fence: Fence,
+    pub tables: BTreeMap<String, TableProgress>,
+    pub freeze_version: Option<i64>,
+    pub cutover_version: Option<i64>,
+    pub catchup_lsn: Option<String>,
+    pub confirmed_lsn: Option<String>,
+    pub freeze_started_at: Option<String>,
+    pub max_freeze_seen_ms: Option<i64>,
+    pub last_error: Option<String>,
+    pub started_by: String,
+    pub started_at: String,
+    pub updated_at: String,
+    pub finished_at: Option<String>,
+}
+
+const COLUMNS: &str = r#"move_id, entity_type, entity_id, source_shard, target_shard, method, phase,
+    keep_source, (extract(epoch FROM max_freeze) * 1000)::int8, replication_name,
+    source_fence::text, target_fence::text, tables::text, freeze_version, cutover_version,
+    catchup_lsn::text, confirmed_lsn::text,
+    to_char(freeze_started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+    (extract(epoch FROM max_freeze_seen) * 1000)::int8, last_error, started_by,
+    to_char(started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+    to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+    to_char(finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"#;
+
+fn json<T: serde::de::DeserializeOwned>(row: &Row, i: usize) -> T {
+    serde_json::from_str(row.get(i)).expect("the record's JSON columns are written by the mover")
+}
+
+impl MoveRecord {
+    fn from_row(r: &Row) -> MoveRecord {
+        MoveRecord {
+            move_id: r.get(0),
+            entity_type: r.get(1),
+            entity_id: r.get(2),
+            source_shard: r.get(3),
+            target_shard: r.get(4),
+            method: if r.get::<_, &str>(5) == "copy" {
+                Method::Copy
+            } else {
+                Method::Logical
+            },
+            phase: Phase::parse(r.get(6)).expect("the phase CHECK constraint lists the phases"),
+            keep_source: r.get(7),
+            max_freeze_ms: r.get(8),
+            replication_name: r.get(9),
+            source_fence: json(r, 10),
+            target_fence: json(r, 11),
+            tables: json(r, 12),
+            freeze_version: r.get(13),
+            cutover_version: r.get(14),
+            catchup_lsn: r.get(15),
+            confirmed_lsn: r.get(16),
+            freeze_started_at: r.get(17),
+            max_freeze_seen_ms: r.get(18),
+            last_error: r.get(19),
+            started_by: r.get(20),
+            started_at: r.get(21),
+            updated_at: r.get(22),
+            finished_at: r.get(23),
+        }
+    }
+
+    pub fn entity(&self) -> shard_directory_client::EntityKey {
+        shard_directory_client::EntityKey::new(&self.entity_type, &self.entity_id)
+    }
+
+    /// Freeze time so far (or in all, once the move is past its cutover or aborted).
+    pub fn freeze_time(&self) -> Option<std::time::Duration> {
+        self.max_freeze_seen_ms
+            .map(|ms| std::time::Duration::from_millis(ms.max(0) as u64))
+    }
+}
+
+pub(crate) async fn load(
+    c: &impl GenericClient,
+    move_id: i64,
+) -> Result<Option<MoveRecord>, tokio_postgres::Error> {
+    let sql = format!("SELECT {COLUMNS} FROM shard_directory.shard_moves WHERE move_id = $1");
+    Ok(c.query_opt(&sql, &[&move_id])
+        .await?
+        .as_ref()
+        .map(MoveRecord::from_row))
+}
+
+/// Every move, newest first; only the open ones with `open_only`.
+pub(crate) async fn list(
+    c: &impl GenericClient,
+    open_only: bool,
+) -> Result<Vec<MoveRecord>, tokio_postgres::Error> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM shard_directory.shard_moves \
+         WHERE finished_at IS NULL OR NOT $1 ORDER BY move_id DESC"
+    );
+    Ok(c.query(&sql, &[&open_only])
+        .await?
+        .iter()
+        .map(MoveRecord::from_row)
+        .collect())
+}
+
+/// What a new record says.
+pub(crate) struct NewMove<'a> {
+    pub entity: &'a shard_directory_client::EntityKey,
+    pub source: &'a str,
+    pub target: &'a str,
+    pub method: Method,
+    pub keep_source: bool,
+    pub max_freeze: std::time::Duration,
+    pub source_fence: &'a Fence,
+    pub target_fence: &'a Fence,
+    pub tables: &'a BTreeMap<String, TableProgress>,
+}
+
+pub(crate) async fn insert(
+    c: &impl GenericClient,
+    m: &NewMove<'_>,
+) -> Result<i64, tokio_postgres::Error> {
+    Ok(c.query_one(
+        "INSERT INTO shard_directory.shard_moves (entity_type, entity_id, source_shard, target_shard, \
+             method, keep_source, max_freeze, source_fence, target_fence, tables) \
+         VALUES ($1, $2, $3, $4, $5, $6, make_interval(secs => $7), $8::text::jsonb, $9::text::jsonb, \
+                 $10::text::jsonb) \
+         RETURNING move_id",
+        &[
+            &m.entity.entity_type,
+            &m.entity.entity_id,
+            &m.source,
+            &m.target,
+            &m.method.as_str(),
+            &m.keep_source,
+            &m.max_freeze.as_secs_f64(),
+            &to_json(m.source_fence),
+            &to_json(m.target_fence),
+            &to_json(m.tables),
+        ],
+    )
+    .await?
+    .get(0))
+}
+
+fn to_json<T: Serialize>(value: &T) -> String {
+    serde_json::to_string(value).expect("plain data serialises")
+}
+
+/// Sets the phase; the final phases set `finished_at`, and the cutover or an abort closes the
+/// freeze clock (`max_freeze_seen`).
+pub(crate) async fn set_phase(
+    c: &impl GenericClient,
+    move_id: i64,
+    phase: Phase,
+) -> Result<(), tokio_postgres::Error> {
+    c.execute(
+        "UPDATE shard_directory.shard_moves SET phase = $2, updated_at = now(), \
+             finished_at = CASE WHEN $2 IN ('done', 'aborted') THEN now() END, \
+             max_freeze_seen = CASE WHEN $2 IN ('cutover', 'aborted') AND freeze_started_at IS NOT NULL \
+                 THEN greatest(coalesce(max_freeze_seen, '0'), clock_timestamp() - freeze_started_at) \
+                 ELSE max_freeze_seen END \
+         WHERE move_id = $1",
+        &[&move_id, &phase.as_str()],
+    )
+    .await
+    .map(|_| ())
+}
+
+pub(crate) async fn set_tables(
+    c: &impl GenericClient,
+    move_id: i64,
+    tables: &BTreeMap<String, TableProgress>,
+) -> Result<(), tokio_postgres::Error> {
+    c.execute(
+        "UPDATE shard_directory.shard_moves SET tables = $2::text::jsonb, updated_at = now() \
+         WHERE move_id = $1",
+        &[&move_id, &to_json(tables)],
+    )
+    .await
+    .map(|_| ())
+}
+
+pub(crate) async fn set_error(
+    c: &impl GenericClient,
+    move_id: i64,
+    error: &str,
+) -> Result<(), tokio_postgres::Error> {
+    c.execute(
+        "UPDATE shard_directory.shard_moves SET last_error = $2, updated_at = now() WHERE move_id = $1",
+        &[&move_id, &error],
+    )
+    .await
+    .map(|_| ())
+}
+
+/// Starts the freeze clock, the first time only: a resumed freeze counts from the first.
+pub(crate) async fn start_freeze(
+    c: &impl GenericClient,
+    move_id: i64,
+) -> Result<(), tokio_postgres::Error> {
+    c.execute(
+        "UPDATE shard_directory.shard_moves \
+         SET freeze_started_at = coalesce(freeze_started_at, clock_timestamp()), updated_at = now() \
+         WHERE move_id = $1",
+        &[&move_id],
+    )
+    .await
+    .map(|_| ())
+}
+
+pub(crate) async fn set_versions(
+    c: &impl GenericClient,
+    move_id: i64,
+    freeze_version: Option<i64>,
+    cutover_version: Option<i64>,
+) -> Result<(), tokio_postgres::Error> {
+    c.execute(
+        "UPDATE shard_directory.shard_moves \
+         SET freeze_version = coalesce($2, freeze_version), \
+             cutover_version = coalesce($3, cutover_version), updated_at = now() \
+         WHERE move_id = $1",
+        &[&move_id, &freeze_version, &cutover_version],
+    )
+    .await
+    .map(|_| ())
+}
+
+pub(crate) async fn set_positions(
+    c: &impl GenericClient,
+    move_id: i64,
+    catchup_lsn: Option<&str>,
+    confirmed_lsn: Option<&str>,
+) -> Result<(), tokio_postgres::Error> {
+    c.execute(
+        "UPDATE shard_directory.shard_moves \
+         SET catchup_lsn = coalesce($2::text::pg_lsn, catchup_lsn), \
+             confirmed_lsn = coalesce($3::text::pg_lsn, confirmed_lsn), updated_at = now() \
+         WHERE move_id = $1",
+        &[&move_id, &catchup_lsn, &confirmed_lsn],
+    )
+    .await
+    .map(|_| ())
+}

@@ -1,0 +1,763 @@
+//! The mover against real clusters: both methods carry every row while the application writes,
+//! preflight refuses what cannot work and changes nothing, verification and the freeze bound
+//! abort a move, a move stopped at any phase resumes or aborts cleanly, and `cleanup` removes
+//! what finished moves left behind.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use shard_directory_client::{DirectoryConfig, EntityKey, State};
+use shard_directory_e2e::Topology;
+use shard_directory_mover::{
+    Error, Fence, Left, Method, MethodChoice, MoveOptions, MoveRecord, Observer, Phase,
+};
+use tokio::sync::{watch, Notify};
+use tokio_postgres::Client;
+
+fn tenant(id: &str) -> EntityKey {
+    EntityKey::new("tenant", id)
+}
+
+fn options(method: MethodChoice) -> MoveOptions {
+    MoveOptions {
+        method,
+        ..Default::default()
+    }
+}
+
+/// Writes `orders` orders of two lines each for `id` on `shard`, as a client stamped at the
+/// current directory version would.
+async fn seed(t: &Topology, shard: &str, id: &str, orders: i64) {
+    let version = t.step("SELECT shard_directory.current_version()").await;
+    let mut c = t.shard(shard).await;
+    let tx = c.transaction().await.unwrap();
+    tx.execute(
+        "SELECT set_config('app.directory_version', $1, true)",
+        &[&version.to_string()],
+    )
+    .await
+    .unwrap();
+    tx.execute(
+        "WITH o AS (INSERT INTO orders (tenant_id, item)
+                    SELECT $1, 'seed ' || g FROM generate_series(1, $2::int8) g
+                    RETURNING order_id)
+         INSERT INTO order_lines (tenant_id, order_id, line_no, product)
+         SELECT $1, order_id, l, 'p' || l FROM o, generate_series(1, 2) l",
+        &[&id, &orders],
+    )
+    .await
+    .expect("seed rows");
+    tx.commit().await.unwrap();
+}
+
+/// `(orders, order_lines)` rows of `id` on `shard`.
+async fn rows(t: &Topology, shard: &str, id: &str) -> (i64, i64) {
+    let row = t
+        .shard(shard)
+        .await
+        .query_one(
+            "SELECT (SELECT count(*) FROM orders WHERE tenant_id = $1),
+                    (SELECT count(*) FROM order_lines WHERE tenant_id = $1)",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+async fn fence_of(t: &Topology, shard: &str, id: &str) -> Option<String> {
+    t.shard(shard)
+        .await
+        .query_opt(
+            "SELECT state || coalesce(':' || moved_to, '') FROM shard_directory.shard_fences \
+             WHERE entity_type = 'tenant' AND entity_id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .map(|r| r.get(0))
+}
+
+/// `(shard_name, state)` of the tenant's entry.
+async fn entry(t: &Topology, id: &str) -> (String, String) {
+    let r = t
+        .dba()
+        .await
+        .query_one(
+            "SELECT shard_name, state FROM shard_directory.shard_directory \
+             WHERE entity_type = 'tenant' AND entity_id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1))
+}
+
+/// Publications, slots and subscriptions named like a move's, on every shard.
+async fn replication_objects(t: &Topology) -> Vec<String> {
+    let mut found = Vec::new();
+    for (name, _) in &t.shards {
+        let c = t.shard(name).await;
+        for r in c
+            .query(
+                "SELECT 'publication ' || pubname FROM pg_publication
+                 UNION ALL SELECT 'slot ' || slot_name FROM pg_replication_slots
+                 UNION ALL SELECT 'subscription ' || subname FROM pg_subscription",
+                &[],
+            )
+            .await
+            .unwrap()
+        {
+            found.push(format!("{}: {}", name, r.get::<_, String>(0)));
+        }
+    }
+    found
+}
+
+/// Inserts orders for `id` through a router until told to stop; returns how many were acked.
+async fn keep_writing(t: &Topology, id: &'static str, stop: watch::Receiver<bool>) -> i64 {
+    let d = t.client_directory(DirectoryConfig::default()).await;
+    let router = t.router(d);
+    let mut acked = 0;
+    let mut n = 0;
+    while !*stop.borrow() {
+        n += 1;
+        let item = format!("live {n}");
+        let done = router
+            .run(&tenant(id), async |tx| {
+                tx.execute(
+                    "INSERT INTO orders (tenant_id, item) VALUES ($1, $2)",
+                    &[&id, &item],
+                )
+                .await?;
+                Ok(())
+            })
+            .await;
+        match done {
+            Ok(()) => acked += 1,
+            Err(e) => assert!(
+                e.is_retryable(),
+                "only retryable refusals while moving: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    acked
+}
+
+async fn assert_moved(t: &Topology, record: &MoveRecord, id: &str, expected: (i64, i64)) {
+    let (from, to) = (&record.source_shard, &record.target_shard);
+    assert_eq!(record.phase, Phase::Done);
+    assert_eq!(entry(t, id).await, (to.clone(), "active".to_owned()));
+    assert_eq!(rows(t, to, id).await, expected, "every row on the target");
+    assert_eq!(rows(t, from, id).await, (0, 0), "none left on the source");
+    assert_eq!(
+        fence_of(t, from, id).await.as_deref(),
+        Some(&*format!("moved:{to}"))
+    );
+    assert_eq!(fence_of(t, to, id).await.as_deref(), Some("owned"));
+    assert!(
+        replication_objects(t).await.is_empty(),
+        "{:?}",
+        replication_objects(t).await
+    );
+    assert!(
+        record.freeze_time().is_some(),
+        "the freeze time is reported"
+    );
+}
+
+async fn move_under_load(method: MethodChoice, expected: Method) {
+    let t = Topology::with_shards(&format!("move-{expected:?}"), 2).await;
+    t.add_tenant("a", "shard_1").await;
+    t.add_tenant("b", "shard_1").await;
+    seed(&t, "shard_1", "a", 500).await;
+    seed(&t, "shard_1", "b", 10).await;
+    let (stop, stopped) = watch::channel(false);
+    let writer = {
+        let t = &t;
+        async move { keep_writing(t, "a", stopped).await }
+    };
+    let mover = async {
+        let record = t
+            .mover(options(method))
+            .start(&tenant("a"), "shard_2")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        stop.send(true).unwrap();
+        record
+    };
+    let (record, acked) = tokio::join!(mover, writer);
+    assert_eq!(record.method, expected);
+    assert!(acked > 0, "the application kept writing");
+    assert_moved(&t, &record, "a", (500 + acked, 1000)).await;
+    assert_eq!(
+        rows(&t, "shard_1", "b").await,
+        (10, 20),
+        "other tenants stay"
+    );
+    // Verified under the freeze: the seed and the writes acked before it (later ones went to
+    // the target).
+    let verified = record.tables["public.orders"].verified.expect("verified");
+    assert!(
+        (500..=500 + acked).contains(&verified),
+        "{verified} of {acked}"
+    );
+    // The target's sequence was advanced past the copied keys: new orders do not collide.
+    let router = t.router(t.client_directory(DirectoryConfig::default()).await);
+    for _ in 0..3 {
+        router
+            .run(&tenant("a"), async |tx| {
+                tx.execute(
+                    "INSERT INTO orders (tenant_id, item) VALUES ('a', 'after')",
+                    &[],
+                )
+                .await?;
+                Ok(())
+            })
+            .await
+            .expect("a new order on the target");
+    }
+    assert_eq!(rows(&t, "shard_2", "a").await.0, 503 + acked);
+}
+
+#[tokio::test]
+async fn a_logical_move_carries_every_row_while_the_application_writes() {
+    move_under_load(MethodChoice::Auto, Method::Logical).await;
+}
+
+#[tokio::test]
+async fn a_copy_move_carries_every_row_while_the_application_writes() {
+    move_under_load(MethodChoice::Copy, Method::Copy).await;
+}
+
+/// Holds a move at `at`, as a crash there would leave it: the test drops the move once it got
+/// there.
+struct HoldAt {
+    at: Phase,
+    reached: Notify,
+}
+
+impl Observer for HoldAt {
+    fn phase(&self, _move_id: i64, phase: Phase) -> BoxFuture<'_, ()> {
+        if phase == self.at {
+            self.reached.notify_one();
+            Box::pin(std::future::pending())
+        } else {
+            Box::pin(std::future::ready(()))
+        }
+    }
+}
+
+/// Starts a move of `id` to `to` and stops it dead once its record says `at`; returns its id.
+async fn crash_at(t: &Topology, method: MethodChoice, id: &str, to: &str, at: Phase) -> i64 {
+    let hold = Arc::new(HoldAt {
+        at,
+        reached: Notify::new(),
+    });
+    let mover = t.mover(options(method)).with_observer(hold.clone());
+    let key = tenant(id);
+    tokio::select! {
+        r = mover.start(&key, to) => panic!("the move of {id} should stop at {at}: {r:?}"),
+        _ = hold.reached.notified() => {}
+    }
+    open_move(t, id).await
+}
+
+async fn open_move(t: &Topology, id: &str) -> i64 {
+    t.dba()
+        .await
+        .query_one(
+            "SELECT move_id FROM shard_directory.shard_moves \
+             WHERE entity_id = $1 AND finished_at IS NULL",
+            &[&id],
+        )
+        .await
+        .expect("an open move")
+        .get(0)
+}
+
+async fn assert_aborted(t: &Topology, record: &MoveRecord, id: &str, seeded: (i64, i64)) {
+    assert_eq!(record.phase, Phase::Aborted);
+    assert_eq!(
+        entry(t, id).await,
+        (record.source_shard.clone(), "active".into())
+    );
+    assert_eq!(
+        rows(t, &record.source_shard, id).await,
+        seeded,
+        "all rows at the source"
+    );
+    assert_eq!(
+        rows(t, &record.target_shard, id).await,
+        (0, 0),
+        "none left on the target"
+    );
+    assert!(
+        replication_objects(t).await.is_empty(),
+        "{:?}",
+        replication_objects(t).await
+    );
+}
+
+async fn stopped_moves_resume_or_abort_from_every_phase(method: MethodChoice, phases: &[Phase]) {
+    let t = Topology::with_shards(&format!("crash-{method:?}"), 2).await;
+    let mover = t.mover(options(method));
+    for (i, &phase) in phases.iter().enumerate() {
+        let (resumed, aborted) = (format!("r{i}"), format!("a{i}"));
+        for id in [&resumed, &aborted] {
+            t.add_tenant(id, "shard_1").await;
+            seed(&t, "shard_1", id, 20).await;
+        }
+        let move_id = crash_at(&t, method, &resumed, "shard_2", phase).await;
+        let record = mover
+            .resume(move_id)
+            .await
+            .unwrap_or_else(|e| panic!("resume from {phase}: {e}"));
+        assert_moved(&t, &record, &resumed, (20, 40)).await;
+
+        let move_id = crash_at(&t, method, &aborted, "shard_2", phase).await;
+        if phase.can_abort() {
+            let record = mover
+                .abort(move_id)
+                .await
+                .unwrap_or_else(|e| panic!("abort from {phase}: {e}"));
+            assert_aborted(&t, &record, &aborted, (20, 40)).await;
+            assert_eq!(
+                fence_of(&t, "shard_1", &aborted).await,
+                None,
+                "fences as they were"
+            );
+            assert_eq!(fence_of(&t, "shard_2", &aborted).await, None);
+            // Writable on its source again.
+            let d = t.client_directory(DirectoryConfig::default()).await;
+            t.router(d)
+                .run(&tenant(&aborted), async |tx| {
+                    tx.execute(
+                        "INSERT INTO orders (tenant_id, item) VALUES ($1, 'x')",
+                        &[&aborted],
+                    )
+                    .await?;
+                    Ok(())
+                })
+                .await
+                .expect("writable after the abort");
+        } else {
+            let refused = mover.abort(move_id).await.expect_err("only forward");
+            assert!(
+                matches!(refused.error, Error::State { .. }) && refused.left == Left::Resumable,
+                "{refused}"
+            );
+            assert!(refused.to_string().contains("only forward"), "{refused}");
+            let record = mover
+                .resume(move_id)
+                .await
+                .expect("resume after the refusal");
+            assert_moved(&t, &record, &aborted, (20, 40)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_logical_move_stopped_at_any_phase_resumes_or_aborts() {
+    stopped_moves_resume_or_abort_from_every_phase(
+        MethodChoice::Logical,
+        &[
+            Phase::Migrating,
+            Phase::Copying,
+            Phase::CatchingUp,
+            Phase::Frozen,
+            Phase::Verified,
+            Phase::Cutover,
+            Phase::CleaningUp,
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_copy_move_stopped_at_any_phase_resumes_or_aborts() {
+    stopped_moves_resume_or_abort_from_every_phase(
+        MethodChoice::Copy,
+        &[
+            Phase::Migrating,
+            Phase::Frozen,
+            Phase::Verified,
+            Phase::Cutover,
+            Phase::CleaningUp,
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn an_abort_puts_back_the_fences_an_earlier_move_left() {
+    let t = Topology::with_shards("refence", 2).await;
+    t.add_tenant("r", "shard_1").await;
+    seed(&t, "shard_1", "r", 5).await;
+    let there = t.move_tenant("r", "shard_2").await;
+    let move_id = crash_at(&t, MethodChoice::Logical, "r", "shard_1", Phase::Verified).await;
+    assert_eq!(
+        fence_of(&t, "shard_1", "r").await.as_deref(),
+        Some("owned"),
+        "fenced for the cutover"
+    );
+    let record = t
+        .mover(MoveOptions::default())
+        .abort(move_id)
+        .await
+        .unwrap();
+    assert_aborted(&t, &record, "r", (5, 10)).await;
+    assert_eq!(
+        fence_of(&t, "shard_1", "r").await.as_deref(),
+        Some("moved:shard_2")
+    );
+    assert_eq!(fence_of(&t, "shard_2", "r").await.as_deref(), Some("owned"));
+    assert_eq!(
+        record.source_fence,
+        Fence::Owned {
+            min_version: there - 1
+        }
+    );
+}
+
+/// Runs `then` on the target when the move reaches `at`, then lets it go on.
+struct ActAt {
+    at: Phase,
+    target: Client,
+    sql: &'static str,
+    delay: Duration,
+}
+
+impl Observer for ActAt {
+    fn phase(&self, _move_id: i64, phase: Phase) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if phase == self.at {
+                if !self.sql.is_empty() {
+                    self.target
+                        .batch_execute(self.sql)
+                        .await
+                        .expect("act on the target");
+                }
+                tokio::time::sleep(self.delay).await;
+            }
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_verification_mismatch_aborts_and_names_the_differing_keys() {
+    let t = Topology::with_shards("mismatch", 2).await;
+    t.add_tenant("a", "shard_1").await;
+    seed(&t, "shard_1", "a", 50).await;
+    // A row of the tenant appears on the target behind the mover's back, under the freeze.
+    let act = ActAt {
+        at: Phase::Frozen,
+        target: t.shard("shard_2").await,
+        sql: "BEGIN; SELECT set_config('app.directory_version', '1000', true);
+              INSERT INTO orders (tenant_id, item, order_id) VALUES ('a', 'rogue', 999999); COMMIT",
+        delay: Duration::ZERO,
+    };
+    let failure = t
+        .mover(options(MethodChoice::Logical))
+        .with_observer(Arc::new(act))
+        .start(&tenant("a"), "shard_2")
+        .await
+        .expect_err("verification fails");
+    match &failure.error {
+        Error::Mismatch {
+            table,
+            source_rows,
+            target_rows,
+            keys,
+        } => {
+            assert_eq!(table, "public.orders");
+            assert_eq!((*source_rows, *target_rows), (50, 51));
+            assert_eq!(keys, &["(a,999999)"]);
+        }
+        other => panic!("expected a mismatch, got {other}"),
+    }
+    assert_eq!(failure.left, Left::Aborted, "{failure}");
+    let record = t
+        .mover(MoveOptions::default())
+        .status(failure.move_id.unwrap())
+        .await
+        .unwrap();
+    assert_aborted(&t, &record, "a", (50, 100)).await;
+    assert!(record.last_error.unwrap().contains("(a,999999)"));
+}
+
+#[tokio::test]
+async fn a_freeze_longer_than_max_freeze_aborts_and_the_tenant_is_writable_again() {
+    let t = Topology::with_shards("maxfreeze", 2).await;
+    t.add_tenant("a", "shard_1").await;
+    seed(&t, "shard_1", "a", 10).await;
+    // The catch-up is held up past the bound (here by the observer; in life by a slow target).
+    let act = ActAt {
+        at: Phase::Frozen,
+        target: t.shard("shard_2").await,
+        sql: "",
+        delay: Duration::from_millis(1500),
+    };
+    let max_freeze = Duration::from_secs(1);
+    let failure = t
+        .mover(MoveOptions {
+            max_freeze,
+            ..options(MethodChoice::Logical)
+        })
+        .with_observer(Arc::new(act))
+        .start(&tenant("a"), "shard_2")
+        .await
+        .expect_err("the freeze runs out");
+    assert!(
+        matches!(failure.error, Error::FreezeExceeded { limit, .. } if limit == max_freeze),
+        "{failure}"
+    );
+    assert_eq!(failure.left, Left::Aborted, "{failure}");
+    let record = t
+        .mover(MoveOptions::default())
+        .status(failure.move_id.unwrap())
+        .await
+        .unwrap();
+    assert_aborted(&t, &record, "a", (10, 20)).await;
+    assert!(
+        record.freeze_time().unwrap() >= max_freeze,
+        "{:?}",
+        record.freeze_time()
+    );
+    let d = t.client_directory(DirectoryConfig::default()).await;
+    assert_eq!(d.lookup("tenant", "a").await.unwrap().state, State::Active);
+    t.router(d)
+        .run(&tenant("a"), async |tx| {
+            tx.execute(
+                "INSERT INTO orders (tenant_id, item) VALUES ('a', 'after')",
+                &[],
+            )
+            .await?;
+            Ok(())
+        })
+        .await
+        .expect("writable on its source");
+    assert_eq!(rows(&t, "shard_1", "a").await.0, 11);
+}
+
+/// Starts a move that preflight must refuse; checks it changed nothing and returns the message.
+async fn refused(t: &Topology, method: MethodChoice, id: &str, to: &str) -> String {
+    let failure = t
+        .mover(options(method))
+        .start(&tenant(id), to)
+        .await
+        .expect_err("preflight refuses");
+    assert!(
+        matches!(failure.error, Error::Preflight { .. }),
+        "{failure}"
+    );
+    assert_eq!(failure.left, Left::Untouched);
+    let moves: i64 = t
+        .step("SELECT count(*) FROM shard_directory.shard_moves")
+        .await;
+    assert_eq!(moves, 0, "no move recorded");
+    assert_eq!(
+        entry(t, id).await,
+        ("shard_1".to_owned(), "active".to_owned())
+    );
+    assert_eq!(fence_of(t, "shard_1", id).await, None);
+    failure.to_string()
+}
+
+#[tokio::test]
+async fn preflight_refuses_what_cannot_work_names_the_table_and_the_fix_and_changes_nothing() {
+    let t = Topology::with_shards("preflight", 3).await;
+    t.add_tenant("a", "shard_1").await;
+    seed(&t, "shard_1", "a", 3).await;
+    let dba = t.dba().await;
+    let (s1, s2, s3) = (
+        t.shard("shard_1").await,
+        t.shard("shard_2").await,
+        t.shard("shard_3").await,
+    );
+
+    let m = refused(&t, MethodChoice::Auto, "a", "shard_9").await;
+    assert!(
+        m.contains("shard \"shard_9\" is not in shard_directory.shards"),
+        "{m}"
+    );
+    dba.batch_execute(
+        "UPDATE shard_directory.shards SET conninfo = NULL WHERE shard_name = 'shard_3'",
+    )
+    .await
+    .unwrap();
+    let m = refused(&t, MethodChoice::Auto, "a", "shard_3").await;
+    assert!(
+        m.contains("shard \"shard_3\" has no conninfo")
+            && m.contains("UPDATE shard_directory.shards"),
+        "{m}"
+    );
+
+    s2.batch_execute("SELECT shard_directory.unprotect('order_lines')")
+        .await
+        .unwrap();
+    let m = refused(&t, MethodChoice::Auto, "a", "shard_2").await;
+    assert!(
+        m.contains("table public.order_lines exists on target shard shard_2 but is not protected"),
+        "{m}"
+    );
+    assert!(
+        m.contains(
+            "fix: SELECT shard_directory.protect('public.order_lines', 'tenant_id', 'tenant')"
+        ),
+        "{m}"
+    );
+    s2.batch_execute("DROP TABLE order_lines").await.unwrap();
+    let m = refused(&t, MethodChoice::Auto, "a", "shard_2").await;
+    assert!(
+        m.contains("table public.order_lines is missing on target shard shard_2"),
+        "{m}"
+    );
+
+    s1.batch_execute("ALTER TABLE orders ADD COLUMN note text")
+        .await
+        .unwrap();
+    let m = refused(&t, MethodChoice::Auto, "a", "shard_3").await;
+    assert!(
+        m.contains("shard \"shard_3\" has no conninfo"),
+        "still checked first: {m}"
+    );
+    dba.execute(
+        "UPDATE shard_directory.shards SET conninfo = $1 WHERE shard_name = 'shard_3'",
+        &[&t.shard_cluster("shard_3").conn_str("app")],
+    )
+    .await
+    .unwrap();
+    let m = refused(&t, MethodChoice::Auto, "a", "shard_3").await;
+    assert!(
+        m.contains("column public.orders.note (text) is missing on target shard shard_3"),
+        "{m}"
+    );
+    assert!(
+        m.contains("fix: ALTER TABLE public.orders ADD COLUMN note text on shard shard_3"),
+        "{m}"
+    );
+    s3.batch_execute("ALTER TABLE orders ADD COLUMN note varchar(10)")
+        .await
+        .unwrap();
+    let m = refused(&t, MethodChoice::Auto, "a", "shard_3").await;
+    assert!(
+        m.contains(
+            "column public.orders.note is character varying(10) on target shard shard_3 but text"
+        ),
+        "{m}"
+    );
+    s3.batch_execute("ALTER TABLE orders ALTER COLUMN note TYPE text")
+        .await
+        .unwrap();
+
+    s1.batch_execute(
+        "ALTER TABLE order_lines REPLICA IDENTITY USING INDEX order_lines_pkey; \
+                      ALTER TABLE orders REPLICA IDENTITY NOTHING",
+    )
+    .await
+    .unwrap();
+    let m = refused(&t, MethodChoice::Logical, "a", "shard_3").await;
+    assert!(m.contains("table public.orders on source shard shard_1: its replica identity does not include the key column tenant_id"), "{m}");
+    assert!(m.contains("REPLICA IDENTITY FULL"), "{m}");
+    s1.batch_execute("ALTER TABLE orders REPLICA IDENTITY FULL")
+        .await
+        .unwrap();
+
+    s3.batch_execute(
+        "BEGIN; SELECT set_config('app.directory_version', '100', true);
+         INSERT INTO orders (tenant_id, item) VALUES ('a', 'stray'); COMMIT",
+    )
+    .await
+    .unwrap();
+    let m = refused(&t, MethodChoice::Logical, "a", "shard_3").await;
+    assert!(
+        m.contains("target shard shard_3 already has rows of tenant/a in table public.orders"),
+        "{m}"
+    );
+    s3.batch_execute(
+        "BEGIN; SELECT set_config('app.directory_version', '100', true);
+         DELETE FROM orders WHERE tenant_id = 'a'; COMMIT",
+    )
+    .await
+    .unwrap();
+
+    // What passes preflight: the plan, then the move.
+    let plan = t
+        .mover(MoveOptions::default())
+        .plan(&tenant("a"), "shard_3")
+        .await
+        .unwrap();
+    assert_eq!(plan.method, Method::Logical);
+    assert_eq!(
+        plan.tables,
+        [
+            ("public.orders".to_owned(), 3),
+            ("public.order_lines".to_owned(), 6)
+        ]
+    );
+    let record = t
+        .mover(MoveOptions::default())
+        .start(&tenant("a"), "shard_3")
+        .await
+        .unwrap();
+    assert_moved(&t, &record, "a", (3, 6)).await;
+}
+
+#[tokio::test]
+async fn cleanup_drops_what_finished_moves_left_and_nothing_of_open_ones() {
+    let t = Topology::with_shards("cleanup", 2).await;
+    for id in ["done", "open"] {
+        t.add_tenant(id, "shard_1").await;
+        seed(&t, "shard_1", id, 3).await;
+    }
+    let done = t
+        .mover(MoveOptions::default())
+        .start(&tenant("done"), "shard_2")
+        .await
+        .unwrap();
+    let open = crash_at(
+        &t,
+        MethodChoice::Logical,
+        "open",
+        "shard_2",
+        Phase::CatchingUp,
+    )
+    .await;
+    // What a finished move could leave behind when a shard was unreachable as it ended.
+    let name = &done.replication_name;
+    let s1 = t.shard("shard_1").await;
+    s1.execute(
+        "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+        &[name],
+    )
+    .await
+    .unwrap();
+    s1.batch_execute(&format!("CREATE PUBLICATION {name} FOR TABLE orders"))
+        .await
+        .unwrap();
+    let dropped = t.mover(MoveOptions::default()).cleanup().await.unwrap();
+    assert_eq!(
+        dropped,
+        [
+            format!("slot {name} on shard_1"),
+            format!("publication {name} on shard_1")
+        ]
+    );
+    let left = replication_objects(&t).await;
+    let open_name = format!("sd_move_{open}");
+    assert!(
+        !left.is_empty() && left.iter().all(|o| o.ends_with(&open_name)),
+        "{left:?}"
+    );
+    assert!(t
+        .mover(MoveOptions::default())
+        .cleanup()
+        .await
+        .unwrap()
+        .is_empty());
+    let record = t.mover(MoveOptions::default()).resume(open).await.unwrap();
+    assert_moved(&t, &record, "open", (3, 6)).await;
+}
