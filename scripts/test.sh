@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: formatting and lints, the extension's #[pg_test]s, then the end-to-end suite
-# (throwaway clusters + real client connections) and the pg_regress sessions.
+# (throwaway clusters + real client connections + the mover and its CLI), the upgrade check and
+# the pg_regress sessions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -21,7 +22,9 @@ else
 fi
 
 bash scripts/install-extension.sh
-cargo test -p shard-directory-e2e -p shard-directory-client 2>&1 | tee -a "$log"
+# The end-to-end tests run the CLI as an operator would (and SIGKILL it mid-move).
+cargo build -p shard-directory-mover --bin shard-directory
+cargo test -p shard-directory-e2e -p shard-directory-client -p shard-directory-mover 2>&1 | tee -a "$log"
 
 # One closing line for the whole run (#[pg_test]s, unit, end-to-end, pg_regress and doc tests).
 awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed\n", p, f }' "$log"

@@ -44,6 +44,23 @@ pub enum State {
     ReadOnly,
 }
 
+impl State {
+    /// As `shard_directory.state` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Active => "active",
+            State::Migrating => "migrating",
+            State::ReadOnly => "read_only",
+        }
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A `state` value this crate does not know.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown directory entry state \"{0}\"")]
@@ -58,12 +75,10 @@ impl std::str::FromStr for State {
     /// assert!("paused".parse::<State>().is_err());
     /// ```
     fn from_str(s: &str) -> Result<State, UnknownState> {
-        match s {
-            "active" => Ok(State::Active),
-            "migrating" => Ok(State::Migrating),
-            "read_only" => Ok(State::ReadOnly),
-            other => Err(UnknownState(other.to_owned())),
-        }
+        [State::Active, State::Migrating, State::ReadOnly]
+            .into_iter()
+            .find(|state| state.as_str() == s)
+            .ok_or_else(|| UnknownState(s.to_owned()))
     }
 }
 

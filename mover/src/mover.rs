@@ -413,7 +413,7 @@ impl Mover {
         if entry.state != State::Active {
             return refuse(
                 format!(
-                    "{key} is {:?} on {} (target {}): a move is already under way",
+                    "{key} is {} on {} (target {}): a move is already under way",
                     entry.state,
                     entry.shard_name,
                     entry.target_shard.as_deref().unwrap_or("none")
@@ -929,7 +929,7 @@ impl<'m> Run<'m> {
                         "the directory entry of {key} is {}, which this move did not leave it in; \
                          someone changed it by hand",
                         other.as_ref().map_or("missing".to_owned(), |e| format!(
-                            "{:?} on {} (target {})",
+                            "{} on {} (target {})",
                             e.state,
                             e.shard_name,
                             e.target_shard.as_deref().unwrap_or("none")

@@ -10,3 +10,21 @@ mod wait;
 pub use cluster::{Cluster, Listener};
 pub use topology::Topology;
 pub use wait::eventually;
+
+/// The `shard-directory` CLI, built beside the test binaries (`scripts/test.sh` builds it first:
+/// `cargo build -p shard-directory-mover --bin shard-directory`).
+pub fn cli_binary() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    // target/<profile>/deps/<test> -> target/<profile>/shard-directory
+    let bin = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>/deps")
+        .join("shard-directory");
+    assert!(
+        bin.exists(),
+        "{} is missing: cargo build -p shard-directory-mover --bin shard-directory",
+        bin.display()
+    );
+    bin
+}

@@ -179,6 +179,51 @@ async fn a_stale_route_is_refused_then_repaired_and_lands_on_the_right_shard() {
     assert_eq!(t.orders("shard_2", "8842").await, ["a", "b", "c"]);
 }
 
+/// T moves s1 -> s2 at v8, then s2 -> s3 at v11; s2 raises min_accepted to 11 and unfences T,
+/// as the README recommends. A client that knows v11 but still routes T to s1 is told
+/// `moved(s2, 8)`: the repair must carry version 8, not 11, or s2 takes a write for a tenant that
+/// lives on s3.
+#[tokio::test]
+async fn a_moved_repair_carries_the_fences_version_so_a_later_move_is_not_missed() {
+    let t = Topology::with_shards("moved-twice", 3).await;
+    t.add_tenant("8842", "shard_1").await;
+    let deaf = DirectoryConfig {
+        listen: false,
+        poll_interval: Duration::from_secs(3600),
+        ..Default::default()
+    };
+    let r = t.router(t.client_directory(deaf).await);
+    insert(&r, "8842", "a").await.unwrap();
+    let first = t.move_tenant("8842", "shard_2").await;
+    let second = t.move_tenant("8842", "shard_3").await;
+    let s2 = t.shard("shard_2").await;
+    s2.execute("SELECT shard_directory.raise_min_accepted($1)", &[&second])
+        .await
+        .unwrap();
+    s2.execute("SELECT shard_directory.unfence('tenant', '8842')", &[])
+        .await
+        .unwrap();
+    assert!(first < second);
+
+    // The client still routes T to shard_1 (its cache predates both moves); while that attempt
+    // runs, another task of the client learns the newest version.
+    let directory = r.directory().clone();
+    let item = "b".to_owned();
+    r.run(&tenant("8842"), async |tx| {
+        directory.refresh().await.expect("refresh");
+        tx.execute("INSERT INTO orders VALUES ('8842', $1)", &[&item])
+            .await?;
+        Ok(())
+    })
+    .await
+    .expect("the write lands after repairs");
+    assert!(
+        t.orders("shard_2", "8842").await.is_empty(),
+        "no write on shard_2"
+    );
+    assert_eq!(t.orders("shard_3", "8842").await, ["a", "b"]);
+}
+
 #[tokio::test]
 async fn other_errors_are_returned_untouched_and_not_retried() {
     let t = Topology::start("errors").await;

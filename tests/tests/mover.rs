@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use shard_directory_client::{DirectoryConfig, EntityKey, State};
-use shard_directory_e2e::Topology;
+use shard_directory_e2e::{eventually, Topology};
 use shard_directory_mover::{
     Error, Fence, Left, Method, MethodChoice, MoveOptions, MoveRecord, Observer, Phase,
 };
@@ -18,6 +18,8 @@ use tokio_postgres::Client;
 fn tenant(id: &str) -> EntityKey {
     EntityKey::new("tenant", id)
 }
+
+const DEADLINE: Duration = Duration::from_secs(30);
 
 fn options(method: MethodChoice) -> MoveOptions {
     MoveOptions {
@@ -422,28 +424,120 @@ async fn an_abort_puts_back_the_fences_an_earlier_move_left() {
     );
 }
 
-/// Runs `then` on the target when the move reaches `at`, then lets it go on.
+type Action = Box<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// Runs `act` when the move reaches `at`; the move goes on when it is done.
 struct ActAt {
     at: Phase,
-    target: Client,
-    sql: &'static str,
-    delay: Duration,
+    act: Action,
 }
 
 impl Observer for ActAt {
     fn phase(&self, _move_id: i64, phase: Phase) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            if phase == self.at {
-                if !self.sql.is_empty() {
-                    self.target
-                        .batch_execute(self.sql)
-                        .await
-                        .expect("act on the target");
-                }
-                tokio::time::sleep(self.delay).await;
-            }
-        })
+        if phase == self.at {
+            (self.act)()
+        } else {
+            Box::pin(std::future::ready(()))
+        }
     }
+}
+
+fn act_at(
+    at: Phase,
+    act: impl Fn() -> BoxFuture<'static, ()> + Send + Sync + 'static,
+) -> Arc<ActAt> {
+    Arc::new(ActAt {
+        at,
+        act: Box::new(act),
+    })
+}
+
+/// One row of a query's first column, as i64, on `c`.
+async fn count(c: &Client, sql: &str) -> i64 {
+    c.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+#[tokio::test]
+async fn the_freeze_waits_until_the_target_applied_every_write_committed_before_the_fence() {
+    let t = Topology::with_shards("catchup", 2).await;
+    t.add_tenant("a", "shard_1").await;
+    seed(&t, "shard_1", "a", 10).await;
+    let version = t.step("SELECT shard_directory.current_version()").await;
+    let (writer, locker) = (
+        Arc::new(t.shard("shard_1").await),
+        Arc::new(t.shard("shard_2").await),
+    );
+    // Once the initial copy is done: a checked write of the tenant left open on the source (the
+    // fence will wait for it), and a lock on the target that its apply will stall on.
+    let act = act_at(Phase::CatchingUp, {
+        let (writer, locker) = (writer.clone(), locker.clone());
+        move || {
+            let (writer, locker) = (writer.clone(), locker.clone());
+            Box::pin(async move {
+                writer
+                    .batch_execute(&format!(
+                        "BEGIN; SELECT set_config('app.directory_version', '{version}', true);
+                         INSERT INTO orders (tenant_id, item) VALUES ('a', 'late')"
+                    ))
+                    .await
+                    .unwrap();
+                locker
+                    .batch_execute("BEGIN; LOCK TABLE orders IN SHARE MODE")
+                    .await
+                    .unwrap();
+            })
+        }
+    });
+    let mover = t.mover(options(MethodChoice::Logical)).with_observer(act);
+    let key = tenant("a");
+    let moving = mover.start(&key, "shard_2");
+    let (source, target, dba) = (
+        t.shard("shard_1").await,
+        t.shard("shard_2").await,
+        t.dba().await,
+    );
+    let held = async {
+        eventually("the fence to wait for the open write", DEADLINE, || async {
+            let waiting = count(
+                &source,
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE application_name LIKE 'shard-directory move %' AND wait_event_type = 'Lock'",
+            );
+            (waiting.await == 1).then_some(())
+        })
+        .await;
+        writer.batch_execute("COMMIT").await.unwrap();
+        eventually("the mover to wait for the catch-up", DEADLINE, || async {
+            let waiting = count(
+                &dba,
+                "SELECT count(*) FROM shard_directory.shard_moves \
+                 WHERE phase = 'frozen' AND catchup_lsn IS NOT NULL AND confirmed_lsn IS NULL",
+            );
+            (waiting.await == 1).then_some(())
+        })
+        .await;
+        eventually(
+            "the target's apply to stall on the lock",
+            DEADLINE,
+            || async {
+                let stalled = count(
+                    &target,
+                    "SELECT count(*) FROM pg_stat_activity \
+                 WHERE backend_type = 'logical replication worker' AND wait_event_type = 'Lock'",
+                );
+                (stalled.await == 1).then_some(())
+            },
+        )
+        .await;
+        // Held on purpose: while the target has not applied the late write, nothing moves on.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(entry(&t, "a").await, ("shard_1".into(), "read_only".into()));
+        locker.batch_execute("ROLLBACK").await.unwrap();
+    };
+    let (record, ()) = tokio::join!(moving, held);
+    let record = record.unwrap_or_else(|e| panic!("{e}"));
+    assert_moved(&t, &record, "a", (11, 20)).await;
+    assert!(record.catchup_lsn.is_some() && record.confirmed_lsn.is_some());
 }
 
 #[tokio::test]
@@ -452,16 +546,23 @@ async fn a_verification_mismatch_aborts_and_names_the_differing_keys() {
     t.add_tenant("a", "shard_1").await;
     seed(&t, "shard_1", "a", 50).await;
     // A row of the tenant appears on the target behind the mover's back, under the freeze.
-    let act = ActAt {
-        at: Phase::Frozen,
-        target: t.shard("shard_2").await,
-        sql: "BEGIN; SELECT set_config('app.directory_version', '1000', true);
-              INSERT INTO orders (tenant_id, item, order_id) VALUES ('a', 'rogue', 999999); COMMIT",
-        delay: Duration::ZERO,
-    };
+    let target = Arc::new(t.shard("shard_2").await);
+    let act = act_at(Phase::Frozen, move || {
+        let target = target.clone();
+        Box::pin(async move {
+            target
+                .batch_execute(
+                    "BEGIN; SELECT set_config('app.directory_version', '1000', true);
+                     INSERT INTO orders (tenant_id, item, order_id) VALUES ('a', 'rogue', 999999);
+                     COMMIT",
+                )
+                .await
+                .expect("a rogue row on the target");
+        })
+    });
     let failure = t
         .mover(options(MethodChoice::Logical))
-        .with_observer(Arc::new(act))
+        .with_observer(act)
         .start(&tenant("a"), "shard_2")
         .await
         .expect_err("verification fails");
@@ -494,19 +595,16 @@ async fn a_freeze_longer_than_max_freeze_aborts_and_the_tenant_is_writable_again
     t.add_tenant("a", "shard_1").await;
     seed(&t, "shard_1", "a", 10).await;
     // The catch-up is held up past the bound (here by the observer; in life by a slow target).
-    let act = ActAt {
-        at: Phase::Frozen,
-        target: t.shard("shard_2").await,
-        sql: "",
-        delay: Duration::from_millis(1500),
-    };
+    let act = act_at(Phase::Frozen, || {
+        Box::pin(tokio::time::sleep(Duration::from_millis(1500)))
+    });
     let max_freeze = Duration::from_secs(1);
     let failure = t
         .mover(MoveOptions {
             max_freeze,
             ..options(MethodChoice::Logical)
         })
-        .with_observer(Arc::new(act))
+        .with_observer(act)
         .start(&tenant("a"), "shard_2")
         .await
         .expect_err("the freeze runs out");

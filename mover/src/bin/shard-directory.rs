@@ -316,7 +316,7 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
                 },
                 None => match mover.placement(&key).await? {
                     Some(p) => println!(
-                        "{key}: {} ({:?}{}, version {})",
+                        "{key}: {} ({}{}, version {})",
                         p.shard_name,
                         p.state,
                         p.target_shard

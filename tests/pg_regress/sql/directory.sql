@@ -6,6 +6,13 @@ SET search_path = shard_directory, public;
 
 INSERT INTO shards (shard_name, region) VALUES
     ('shard_1', 'eu'), ('shard_2', 'eu'), ('shard_3', 'us');
+-- where each shard is, for the mover: never with a password (.pgpass or PGPASSWORD hold it)
+UPDATE shards SET conninfo = 'host=10.0.0.1 port=5432 dbname=app user=mover' WHERE shard_name = 'shard_1';
+\set VERBOSITY terse
+UPDATE shards SET conninfo = 'host=10.0.0.2 dbname=app user=mover password=secret' WHERE shard_name = 'shard_2';
+\set VERBOSITY default
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+SELECT shard_name, region, conninfo FROM shards ORDER BY shard_name;
 INSERT INTO shard_directory (entity_type, entity_id, shard_name, region) VALUES
     ('tenant', '8842', 'shard_1', 'eu'),
     ('tenant', '17',   'shard_2', 'eu');

@@ -51,5 +51,29 @@ ROLLBACK;
 -- counters (this session's only: the library is not in shared_preload_libraries here)
 SELECT reason, count FROM stats() ORDER BY reason;
 
+-- the tables an entity type's rows live in: what the mover moves
+SELECT * FROM protected_tables();
+
+-- the mover's own path through a fence: one entity, for this transaction only
+BEGIN;
+SELECT set_config('app.directory_version', '42', true);
+SELECT bypass_fence('tenant', '8842');
+UPDATE orders SET item = item || ' (moved out)' WHERE tenant_id = 8842;
+COMMIT;
+BEGIN;
+SELECT set_config('app.directory_version', '42', true);
+INSERT INTO orders VALUES (8842, 'after that transaction');
+ROLLBACK;
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+-- and only for the roles it is granted to
+CREATE ROLE regress_app_writer;
+GRANT USAGE ON SCHEMA shard_directory TO regress_app_writer;
+SET ROLE regress_app_writer;
+SELECT bypass_fence('tenant', '8842');
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+RESET ROLE;
+REVOKE USAGE ON SCHEMA shard_directory FROM regress_app_writer;
+DROP ROLE regress_app_writer;
+
 SELECT unprotect('orders');
 SELECT tenant_id, item FROM orders ORDER BY tenant_id;
