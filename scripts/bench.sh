@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# Benchmarks: the shard-side check under pgbench (no check vs the guide's PL/pgSQL vs native).
-# BENCH_SECONDS, BENCH_ROUNDS, BENCH_CLIENTS tune it.
+# Benchmarks, each side by side in one run: `check` (the shard-side check under pgbench: no check
+# vs the guide's PL/pgSQL vs native), `move` (a 100k-row tenant moved by logical vs copy, and the
+# copy against a plain COPY). No argument runs both.
+# BENCH_SECONDS, BENCH_ROUNDS, BENCH_CLIENTS tune `check`; BENCH_MOVES tunes `move`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/install-extension.sh --release
-cargo run -q --release -p shard-directory-e2e --bin bench_check
+for bench in "${@:-check move}"; do
+  for b in $bench; do
+    cargo run -q --release -p shard-directory-e2e --bin "bench_$b"
+  done
+done

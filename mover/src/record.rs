@@ -28,6 +28,17 @@ impl Method {
             Method::Copy => "copy",
         }
     }
+
+    /// The phases a move by this method passes through, in order, up to `done`.
+    pub fn phases(self) -> &'static [Phase] {
+        use Phase::*;
+        match self {
+            Method::Logical => &[
+                Migrating, Copying, CatchingUp, Frozen, Verified, Cutover, CleaningUp, Done,
+            ],
+            Method::Copy => &[Migrating, Frozen, Verified, Cutover, CleaningUp, Done],
+        }
+    }
 }
 
 /// Per table: the entity's rows on the source when the move began, and how far copy and delete got.
@@ -297,4 +308,22 @@ pub(crate) async fn set_positions(
     )
     .await
     .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_method_goes_forward_through_the_cutover_to_done() {
+        for method in [Method::Logical, Method::Copy] {
+            let phases = method.phases();
+            assert!(
+                phases.windows(2).all(|w| w[0] < w[1]),
+                "{method:?} in order"
+            );
+            assert_eq!(phases.last(), Some(&Phase::Done));
+            assert!(phases.contains(&Phase::Frozen) && phases.contains(&Phase::Cutover));
+        }
+    }
 }

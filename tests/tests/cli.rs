@@ -65,6 +65,35 @@ async fn an_operator_moves_a_tenant_and_follows_it_with_the_cli() {
     );
     assert!(message.contains("nothing was changed"), "{message}");
 
+    // --config overrides where a shard is: here an address where nothing listens.
+    let config = std::env::temp_dir().join(format!("sd-cli-{}.toml", std::process::id()));
+    std::fs::write(
+        &config,
+        "[shards.shard_2]\nconninfo = \"host=127.0.0.1 port=1 dbname=app user=postgres\"\n",
+    )
+    .unwrap();
+    let overridden = cli(
+        Some(&t),
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "move",
+            "tenant",
+            "8842",
+            "--to",
+            "shard_2",
+            "--dry-run",
+        ],
+    )
+    .await;
+    std::fs::remove_file(&config).unwrap();
+    assert_eq!(overridden.status.code(), Some(1));
+    assert!(
+        text(&overridden.stderr).contains("connect: shard shard_2"),
+        "{}",
+        text(&overridden.stderr)
+    );
+
     let plan = succeeded(
         &cli(
             Some(&t),

@@ -269,31 +269,14 @@ async fn no_acknowledged_write_is_lost_or_duplicated_while_tenants_move() {
                 MethodChoice::Copy
             };
             if m >= kill_move && kill_report.is_none() {
-                let phases: &[Phase] = match method {
-                    MethodChoice::Copy => &[
-                        Phase::Migrating,
-                        Phase::Frozen,
-                        Phase::Verified,
-                        Phase::Cutover,
-                        Phase::CleaningUp,
-                    ],
-                    _ => &[
-                        Phase::Migrating,
-                        Phase::Copying,
-                        Phase::CatchingUp,
-                        Phase::Frozen,
-                        Phase::Verified,
-                        Phase::Cutover,
-                        Phase::CleaningUp,
-                    ],
-                };
-                let kill_at = phases[rng.usize(..phases.len())];
-                let name = if method == MethodChoice::Copy {
-                    "copy"
+                let by = if method == MethodChoice::Copy {
+                    Method::Copy
                 } else {
-                    "logical"
+                    Method::Logical
                 };
-                kill_report = killed_move(&t, tenant, &to, name, kill_at, rng.bool()).await;
+                let phases = &by.phases()[..by.phases().len() - 1]; // all but done
+                let kill_at = phases[rng.usize(..phases.len())];
+                kill_report = killed_move(&t, tenant, &to, by.as_str(), kill_at, rng.bool()).await;
                 *by_method.entry("cli").or_default() += 1;
             } else {
                 let record = t
