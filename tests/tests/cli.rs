@@ -193,6 +193,24 @@ async fn an_operator_moves_a_tenant_and_follows_it_with_the_cli() {
         assert!(history.contains(step), "{history}");
     }
 
+    // On a terminal (here a pseudo-terminal from script(1)): progress bars, rows per table.
+    let back = format!(
+        "{} move tenant 8842 --to shard_1 --method copy",
+        cli_binary().display()
+    );
+    let tty = tokio::process::Command::new("script")
+        .args(["-qec", &back, "/dev/null"])
+        .env("SHARD_DIRECTORY_URL", t.directory.conn_str("directory"))
+        .output()
+        .await
+        .expect("run script(1)");
+    let screen = text(&tty.stdout);
+    assert!(tty.status.success(), "{screen}");
+    assert!(
+        screen.contains("public.orders [") && screen.contains("] 2/2 rows"),
+        "{screen}"
+    );
+
     let done = cli(Some(&t), &["abort", "1"]).await;
     assert_eq!(done.status.code(), Some(1));
     assert!(

@@ -653,11 +653,34 @@ async fn preflight_refuses_what_cannot_work_names_the_table_and_the_fix_and_chan
     t.add_tenant("a", "shard_1").await;
     seed(&t, "shard_1", "a", 3).await;
     let dba = t.dba().await;
-    let (s1, s2, s3) = (
-        t.shard("shard_1").await,
-        t.shard("shard_2").await,
-        t.shard("shard_3").await,
+    let (s2, s3) = (t.shard("shard_2").await, t.shard("shard_3").await);
+
+    // A source without logical decoding: `logical` is refused, `auto` picks `copy`.
+    let restart_with = async |wal_level: &str| {
+        t.shard("shard_1")
+            .await
+            .batch_execute(&format!("ALTER SYSTEM SET wal_level = {wal_level}"))
+            .await
+            .unwrap();
+        t.shard_cluster("shard_1").stop();
+        t.shard_cluster("shard_1").restart();
+    };
+    restart_with("replica").await;
+    let m = refused(&t, MethodChoice::Logical, "a", "shard_2").await;
+    assert!(
+        m.contains("source shard shard_1 has wal_level = replica"),
+        "{m}"
     );
+    assert!(m.contains("or use --method copy"), "{m}");
+    let plan = t
+        .mover(MoveOptions::default())
+        .plan(&tenant("a"), "shard_2")
+        .await
+        .unwrap();
+    assert_eq!(plan.method, Method::Copy);
+    restart_with("logical").await;
+    // Connected after the restart.
+    let s1 = t.shard("shard_1").await;
 
     let m = refused(&t, MethodChoice::Auto, "a", "shard_9").await;
     assert!(
@@ -841,4 +864,68 @@ async fn cleanup_drops_what_finished_moves_left_and_nothing_of_open_ones() {
         .is_empty());
     let record = t.mover(MoveOptions::default()).resume(open).await.unwrap();
     assert_moved(&t, &record, "open", (3, 6)).await;
+}
+
+#[tokio::test]
+async fn a_partitioned_table_moves_through_its_root() {
+    let t = Topology::with_shards("partitioned", 2).await;
+    for (shard, _) in &t.shards {
+        t.shard(shard)
+            .await
+            .batch_execute(
+                "CREATE TABLE events (tenant_id text NOT NULL, id bigint NOT NULL, payload text,
+                                      PRIMARY KEY (tenant_id, id)) PARTITION BY HASH (tenant_id);
+                 CREATE TABLE events_0 PARTITION OF events FOR VALUES WITH (MODULUS 2, REMAINDER 0);
+                 CREATE TABLE events_1 PARTITION OF events FOR VALUES WITH (MODULUS 2, REMAINDER 1);
+                 SELECT shard_directory.protect('events', 'tenant_id', 'tenant');",
+            )
+            .await
+            .unwrap();
+    }
+    t.add_tenant("a", "shard_1").await;
+    t.add_tenant("b", "shard_1").await;
+    seed(&t, "shard_1", "a", 20).await;
+    t.shard("shard_1")
+        .await
+        .batch_execute(
+            "BEGIN; SELECT set_config('app.directory_version', '100', true);
+             INSERT INTO events SELECT t, g, 'e' FROM unnest(ARRAY['a', 'b']) t, generate_series(1, 50) g;
+             COMMIT",
+        )
+        .await
+        .unwrap();
+    let events = async |shard: &str, id: &str| -> i64 {
+        t.shard(shard)
+            .await
+            .query_one("SELECT count(*) FROM events WHERE tenant_id = $1", &[&id])
+            .await
+            .unwrap()
+            .get(0)
+    };
+    let there = t
+        .mover(options(MethodChoice::Logical))
+        .start(&tenant("a"), "shard_2")
+        .await;
+    let there = there.unwrap_or_else(|e| panic!("{e}"));
+    assert_moved(&t, &there, "a", (20, 40)).await;
+    assert_eq!(
+        (events("shard_1", "a").await, events("shard_2", "a").await),
+        (0, 50)
+    );
+    assert_eq!(
+        events("shard_1", "b").await,
+        50,
+        "the other tenant's rows in the same partitions stay"
+    );
+    let back = t
+        .mover(options(MethodChoice::Copy))
+        .start(&tenant("a"), "shard_1")
+        .await;
+    let back = back.unwrap_or_else(|e| panic!("{e}"));
+    assert_moved(&t, &back, "a", (20, 40)).await;
+    assert_eq!(
+        (events("shard_1", "a").await, events("shard_2", "a").await),
+        (50, 0)
+    );
+    assert_eq!(events("shard_1", "b").await, 50);
 }
