@@ -24,7 +24,9 @@ fi
 bash scripts/install-extension.sh
 # The end-to-end tests run the CLI as an operator would (and SIGKILL it mid-move).
 cargo build -p shard-directory-mover --bin shard-directory
-cargo test -p shard-directory-e2e -p shard-directory-client -p shard-directory-mover 2>&1 | tee -a "$log"
+# --show-output: the proof prints its counts (acked, retried by reason, moves, freeze, the kill).
+cargo test -p shard-directory-e2e -p shard-directory-client -p shard-directory-mover \
+  -- --show-output 2>&1 | tee -a "$log"
 
 # One closing line for the whole run (#[pg_test]s, unit, end-to-end, pg_regress and doc tests).
 awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed\n", p, f }' "$log"

@@ -293,26 +293,22 @@ impl Mover {
     /// cannot reach are skipped with a note.
     pub async fn cleanup(&self) -> Result<Vec<String>, Error> {
         let directory = self.connect_directory(None).await?;
-        let open: BTreeSet<String> = directory
-            .query(
-                "SELECT replication_name FROM shard_directory.shard_moves WHERE finished_at IS NULL",
-                &[],
-            )
-            .await
-            .at(Step::Cleanup, Place::Directory)?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        let shards: Vec<String> = directory
-            .query(
-                "SELECT shard_name FROM shard_directory.shards ORDER BY shard_name",
-                &[],
-            )
-            .await
-            .at(Step::Cleanup, Place::Directory)?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
+        let names = async |sql: &str| -> Result<Vec<String>, Error> {
+            let rows = directory.query(sql, &[]).await;
+            Ok(rows
+                .at(Step::Cleanup, Place::Directory)?
+                .iter()
+                .map(|r| r.get(0))
+                .collect())
+        };
+        let open: BTreeSet<String> = names(
+            "SELECT replication_name FROM shard_directory.shard_moves WHERE finished_at IS NULL",
+        )
+        .await?
+        .into_iter()
+        .collect();
+        let shards =
+            names("SELECT shard_name FROM shard_directory.shards ORDER BY shard_name").await?;
         let mut reachable = Vec::new();
         for shard in shards {
             let side = match registry::endpoint(&directory, &self.overrides, &shard).await {

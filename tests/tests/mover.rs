@@ -623,11 +623,12 @@ async fn a_freeze_longer_than_max_freeze_aborts_and_the_tenant_is_writable_again
     assert_eq!(rows(&t, "shard_1", "a").await.0, 11);
 }
 
-/// Starts a move that preflight must refuse; checks it changed nothing and returns the message.
-async fn refused(t: &Topology, method: MethodChoice, id: &str, to: &str) -> String {
+/// Starts a move of tenant `a` (on shard_1) that preflight must refuse; checks that the message
+/// says each of `says` and that nothing changed.
+async fn refused(t: &Topology, method: MethodChoice, to: &str, says: &[&str]) {
     let failure = t
         .mover(options(method))
-        .start(&tenant(id), to)
+        .start(&tenant("a"), to)
         .await
         .expect_err("preflight refuses");
     assert!(
@@ -635,16 +636,16 @@ async fn refused(t: &Topology, method: MethodChoice, id: &str, to: &str) -> Stri
         "{failure}"
     );
     assert_eq!(failure.left, Left::Untouched);
+    let message = failure.to_string();
+    for part in says {
+        assert!(message.contains(part), "{part:?} not in: {message}");
+    }
     let moves: i64 = t
         .step("SELECT count(*) FROM shard_directory.shard_moves")
         .await;
     assert_eq!(moves, 0, "no move recorded");
-    assert_eq!(
-        entry(t, id).await,
-        ("shard_1".to_owned(), "active".to_owned())
-    );
-    assert_eq!(fence_of(t, "shard_1", id).await, None);
-    failure.to_string()
+    assert_eq!(entry(t, "a").await, ("shard_1".into(), "active".into()));
+    assert_eq!(fence_of(t, "shard_1", "a").await, None);
 }
 
 #[tokio::test]
@@ -666,12 +667,16 @@ async fn preflight_refuses_what_cannot_work_names_the_table_and_the_fix_and_chan
         t.shard_cluster("shard_1").restart();
     };
     restart_with("replica").await;
-    let m = refused(&t, MethodChoice::Logical, "a", "shard_2").await;
-    assert!(
-        m.contains("source shard shard_1 has wal_level = replica"),
-        "{m}"
-    );
-    assert!(m.contains("or use --method copy"), "{m}");
+    refused(
+        &t,
+        MethodChoice::Logical,
+        "shard_2",
+        &[
+            "source shard shard_1 has wal_level = replica",
+            "or use --method copy",
+        ],
+    )
+    .await;
     let plan = t
         .mover(MoveOptions::default())
         .plan(&tenant("a"), "shard_2")
@@ -682,77 +687,87 @@ async fn preflight_refuses_what_cannot_work_names_the_table_and_the_fix_and_chan
     // Connected after the restart.
     let s1 = t.shard("shard_1").await;
 
-    let m = refused(&t, MethodChoice::Auto, "a", "shard_9").await;
-    assert!(
-        m.contains("shard \"shard_9\" is not in shard_directory.shards"),
-        "{m}"
-    );
+    refused(
+        &t,
+        MethodChoice::Auto,
+        "shard_9",
+        &["shard \"shard_9\" is not in shard_directory.shards"],
+    )
+    .await;
     dba.batch_execute(
         "UPDATE shard_directory.shards SET conninfo = NULL WHERE shard_name = 'shard_3'",
     )
     .await
     .unwrap();
-    let m = refused(&t, MethodChoice::Auto, "a", "shard_3").await;
-    assert!(
-        m.contains("shard \"shard_3\" has no conninfo")
-            && m.contains("UPDATE shard_directory.shards"),
-        "{m}"
-    );
+    refused(
+        &t,
+        MethodChoice::Auto,
+        "shard_3",
+        &[
+            "shard \"shard_3\" has no conninfo",
+            "UPDATE shard_directory.shards",
+        ],
+    )
+    .await;
 
     s2.batch_execute("SELECT shard_directory.unprotect('order_lines')")
         .await
         .unwrap();
-    let m = refused(&t, MethodChoice::Auto, "a", "shard_2").await;
-    assert!(
-        m.contains("table public.order_lines exists on target shard shard_2 but is not protected"),
-        "{m}"
-    );
-    assert!(
-        m.contains(
-            "fix: SELECT shard_directory.protect('public.order_lines', 'tenant_id', 'tenant')"
-        ),
-        "{m}"
-    );
+    refused(
+        &t,
+        MethodChoice::Auto,
+        "shard_2",
+        &[
+            "table public.order_lines exists on target shard shard_2 but is not protected",
+            "fix: SELECT shard_directory.protect('public.order_lines', 'tenant_id', 'tenant')",
+        ],
+    )
+    .await;
     s2.batch_execute("DROP TABLE order_lines").await.unwrap();
-    let m = refused(&t, MethodChoice::Auto, "a", "shard_2").await;
-    assert!(
-        m.contains("table public.order_lines is missing on target shard shard_2"),
-        "{m}"
-    );
+    refused(
+        &t,
+        MethodChoice::Auto,
+        "shard_2",
+        &["table public.order_lines is missing on target shard shard_2"],
+    )
+    .await;
 
     s1.batch_execute("ALTER TABLE orders ADD COLUMN note text")
         .await
         .unwrap();
-    let m = refused(&t, MethodChoice::Auto, "a", "shard_3").await;
-    assert!(
-        m.contains("shard \"shard_3\" has no conninfo"),
-        "still checked first: {m}"
-    );
+    refused(
+        &t,
+        MethodChoice::Auto,
+        "shard_3",
+        &["shard \"shard_3\" has no conninfo"],
+    )
+    .await;
     dba.execute(
         "UPDATE shard_directory.shards SET conninfo = $1 WHERE shard_name = 'shard_3'",
         &[&t.shard_cluster("shard_3").conn_str("app")],
     )
     .await
     .unwrap();
-    let m = refused(&t, MethodChoice::Auto, "a", "shard_3").await;
-    assert!(
-        m.contains("column public.orders.note (text) is missing on target shard shard_3"),
-        "{m}"
-    );
-    assert!(
-        m.contains("fix: ALTER TABLE public.orders ADD COLUMN note text on shard shard_3"),
-        "{m}"
-    );
+    refused(
+        &t,
+        MethodChoice::Auto,
+        "shard_3",
+        &[
+            "column public.orders.note (text) is missing on target shard shard_3",
+            "fix: ALTER TABLE public.orders ADD COLUMN note text on shard shard_3",
+        ],
+    )
+    .await;
     s3.batch_execute("ALTER TABLE orders ADD COLUMN note varchar(10)")
         .await
         .unwrap();
-    let m = refused(&t, MethodChoice::Auto, "a", "shard_3").await;
-    assert!(
-        m.contains(
-            "column public.orders.note is character varying(10) on target shard shard_3 but text"
-        ),
-        "{m}"
-    );
+    refused(
+        &t,
+        MethodChoice::Auto,
+        "shard_3",
+        &["column public.orders.note is character varying(10) on target shard shard_3 but text"],
+    )
+    .await;
     s3.batch_execute("ALTER TABLE orders ALTER COLUMN note TYPE text")
         .await
         .unwrap();
@@ -763,9 +778,17 @@ async fn preflight_refuses_what_cannot_work_names_the_table_and_the_fix_and_chan
     )
     .await
     .unwrap();
-    let m = refused(&t, MethodChoice::Logical, "a", "shard_3").await;
-    assert!(m.contains("table public.orders on source shard shard_1: its replica identity does not include the key column tenant_id"), "{m}");
-    assert!(m.contains("REPLICA IDENTITY FULL"), "{m}");
+    refused(
+        &t,
+        MethodChoice::Logical,
+        "shard_3",
+        &[
+            "table public.orders on source shard shard_1: its replica identity does not include \
+             the key column tenant_id",
+            "REPLICA IDENTITY FULL",
+        ],
+    )
+    .await;
     s1.batch_execute("ALTER TABLE orders REPLICA IDENTITY FULL")
         .await
         .unwrap();
@@ -776,11 +799,13 @@ async fn preflight_refuses_what_cannot_work_names_the_table_and_the_fix_and_chan
     )
     .await
     .unwrap();
-    let m = refused(&t, MethodChoice::Logical, "a", "shard_3").await;
-    assert!(
-        m.contains("target shard shard_3 already has rows of tenant/a in table public.orders"),
-        "{m}"
-    );
+    refused(
+        &t,
+        MethodChoice::Logical,
+        "shard_3",
+        &["target shard shard_3 already has rows of tenant/a in table public.orders"],
+    )
+    .await;
     s3.batch_execute(
         "BEGIN; SELECT set_config('app.directory_version', '100', true);
          DELETE FROM orders WHERE tenant_id = 'a'; COMMIT",
