@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use shard_directory_client::{DirectoryConfig, EntityKey, State};
+use shard_directory_client::{DirectoryConfig, EntityKey, Router, State};
 use shard_directory_e2e::{eventually, Topology};
 use shard_directory_mover::{
     Error, Fence, Left, Method, MethodChoice, MoveOptions, MoveRecord, Observer, Phase,
@@ -117,26 +117,33 @@ async fn replication_objects(t: &Topology) -> Vec<String> {
     found
 }
 
+/// One order for `id`, routed as the application writes it.
+async fn order(router: &Router, id: &str, item: &str) -> Result<(), shard_directory_client::Error> {
+    router
+        .run(&tenant(id), async |tx| {
+            tx.execute(
+                "INSERT INTO orders (tenant_id, item) VALUES ($1, $2)",
+                &[&id, &item],
+            )
+            .await?;
+            Ok(())
+        })
+        .await
+}
+
+/// A router over every shard of `t`, its watcher connected.
+async fn router(t: &Topology) -> Router {
+    t.router(t.client_directory(DirectoryConfig::default()).await)
+}
+
 /// Inserts orders for `id` through a router until told to stop; returns how many were acked.
 async fn keep_writing(t: &Topology, id: &'static str, stop: watch::Receiver<bool>) -> i64 {
-    let d = t.client_directory(DirectoryConfig::default()).await;
-    let router = t.router(d);
+    let router = router(t).await;
     let mut acked = 0;
     let mut n = 0;
     while !*stop.borrow() {
         n += 1;
-        let item = format!("live {n}");
-        let done = router
-            .run(&tenant(id), async |tx| {
-                tx.execute(
-                    "INSERT INTO orders (tenant_id, item) VALUES ($1, $2)",
-                    &[&id, &item],
-                )
-                .await?;
-                Ok(())
-            })
-            .await;
-        match done {
+        match order(&router, id, &format!("live {n}")).await {
             Ok(()) => acked += 1,
             Err(e) => assert!(
                 e.is_retryable(),
@@ -207,17 +214,9 @@ async fn move_under_load(method: MethodChoice, expected: Method) {
         "{verified} of {acked}"
     );
     // The target's sequence was advanced past the copied keys: new orders do not collide.
-    let router = t.router(t.client_directory(DirectoryConfig::default()).await);
+    let router = router(&t).await;
     for _ in 0..3 {
-        router
-            .run(&tenant("a"), async |tx| {
-                tx.execute(
-                    "INSERT INTO orders (tenant_id, item) VALUES ('a', 'after')",
-                    &[],
-                )
-                .await?;
-                Ok(())
-            })
+        order(&router, "a", "after")
             .await
             .expect("a new order on the target");
     }
@@ -338,16 +337,7 @@ async fn stopped_moves_resume_or_abort_from_every_phase(by: Method) {
             );
             assert_eq!(fence_of(&t, "shard_2", &aborted).await, None);
             // Writable on its source again.
-            let d = t.client_directory(DirectoryConfig::default()).await;
-            t.router(d)
-                .run(&tenant(&aborted), async |tx| {
-                    tx.execute(
-                        "INSERT INTO orders (tenant_id, item) VALUES ($1, 'x')",
-                        &[&aborted],
-                    )
-                    .await?;
-                    Ok(())
-                })
+            order(&router(&t).await, &aborted, "x")
                 .await
                 .expect("writable after the abort");
         } else {
@@ -607,17 +597,10 @@ async fn a_freeze_longer_than_max_freeze_aborts_and_the_tenant_is_writable_again
         "{:?}",
         record.freeze_time()
     );
-    let d = t.client_directory(DirectoryConfig::default()).await;
-    assert_eq!(d.lookup("tenant", "a").await.unwrap().state, State::Active);
-    t.router(d)
-        .run(&tenant("a"), async |tx| {
-            tx.execute(
-                "INSERT INTO orders (tenant_id, item) VALUES ('a', 'after')",
-                &[],
-            )
-            .await?;
-            Ok(())
-        })
+    let router = router(&t).await;
+    let entry = router.directory().lookup("tenant", "a").await.unwrap();
+    assert_eq!(entry.state, State::Active);
+    order(&router, "a", "after")
         .await
         .expect("writable on its source");
     assert_eq!(rows(&t, "shard_1", "a").await.0, 11);
@@ -927,30 +910,21 @@ async fn a_partitioned_table_moves_through_its_root() {
             .unwrap()
             .get(0)
     };
-    let there = t
-        .mover(options(MethodChoice::Logical))
-        .start(&tenant("a"), "shard_2")
-        .await;
-    let there = there.unwrap_or_else(|e| panic!("{e}"));
-    assert_moved(&t, &there, "a", (20, 40)).await;
-    assert_eq!(
-        (events("shard_1", "a").await, events("shard_2", "a").await),
-        (0, 50)
-    );
-    assert_eq!(
-        events("shard_1", "b").await,
-        50,
-        "the other tenant's rows in the same partitions stay"
-    );
-    let back = t
-        .mover(options(MethodChoice::Copy))
-        .start(&tenant("a"), "shard_1")
-        .await;
-    let back = back.unwrap_or_else(|e| panic!("{e}"));
-    assert_moved(&t, &back, "a", (20, 40)).await;
-    assert_eq!(
-        (events("shard_1", "a").await, events("shard_2", "a").await),
-        (50, 0)
-    );
-    assert_eq!(events("shard_1", "b").await, 50);
+    for (method, to, events_on_1_and_2) in [
+        (MethodChoice::Logical, "shard_2", (0, 50)),
+        (MethodChoice::Copy, "shard_1", (50, 0)),
+    ] {
+        let record = t.mover(options(method)).start(&tenant("a"), to).await;
+        let record = record.unwrap_or_else(|e| panic!("{e}"));
+        assert_moved(&t, &record, "a", (20, 40)).await;
+        assert_eq!(
+            (events("shard_1", "a").await, events("shard_2", "a").await),
+            events_on_1_and_2
+        );
+        assert_eq!(
+            events("shard_1", "b").await,
+            50,
+            "the other tenant's rows in the same partitions stay"
+        );
+    }
 }
