@@ -233,35 +233,22 @@ async fn a_copy_move_carries_every_row_while_the_application_writes() {
     move_under_load(MethodChoice::Copy, Method::Copy).await;
 }
 
-/// Holds a move at `at`, as a crash there would leave it: the test drops the move once it got
-/// there.
-struct HoldAt {
-    at: Phase,
-    reached: Notify,
-}
-
-impl Observer for HoldAt {
-    fn phase(&self, _move_id: i64, phase: Phase) -> BoxFuture<'_, ()> {
-        if phase == self.at {
-            self.reached.notify_one();
-            Box::pin(std::future::pending())
-        } else {
-            Box::pin(std::future::ready(()))
-        }
-    }
-}
-
 /// Starts a move of `id` to `to` and stops it dead once its record says `at`; returns its id.
 async fn crash_at(t: &Topology, method: MethodChoice, id: &str, to: &str, at: Phase) -> i64 {
-    let hold = Arc::new(HoldAt {
-        at,
-        reached: Notify::new(),
+    // Held at `at` for good, as a crash there would leave it; the test drops the move.
+    let reached = Arc::new(Notify::new());
+    let hold = act_at(at, {
+        let reached = reached.clone();
+        move || {
+            reached.notify_one();
+            Box::pin(std::future::pending())
+        }
     });
-    let mover = t.mover(options(method)).with_observer(hold.clone());
+    let mover = t.mover(options(method)).with_observer(hold);
     let key = tenant(id);
     tokio::select! {
         r = mover.start(&key, to) => panic!("the move of {id} should stop at {at}: {r:?}"),
-        _ = hold.reached.notified() => {}
+        _ = reached.notified() => {}
     }
     open_move(t, id).await
 }
