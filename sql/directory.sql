@@ -56,11 +56,14 @@ CREATE TABLE shard_directory_history (
     version      bigint      NOT NULL,
     changed_at   timestamptz NOT NULL DEFAULT now(),
     changed_by   text        NOT NULL DEFAULT current_user,
-    txid         bigint      NOT NULL DEFAULT txid_current()
+    txid         bigint      NOT NULL DEFAULT txid_current(),
+    -- when the statement took its version: increases with version (so with commit order),
+    -- unlike changed_at (the transaction's start); placement_at reads it
+    version_at   timestamptz NOT NULL
 );
 
-CREATE INDEX shard_directory_history_entity_idx
-    ON shard_directory_history (entity_type, entity_id, changed_at);
+CREATE INDEX shard_directory_history_entity_version_idx
+    ON shard_directory_history (entity_type, entity_id, version);
 
 -- One row per move made by the mover (crate shard-directory-mover): where it stands, what it
 -- saw, and what an abort must restore. The publication, slot and subscription of a logical move
@@ -131,6 +134,10 @@ CREATE TRIGGER shard_directory_version_no_truncate
     BEFORE TRUNCATE ON shard_directory_version
     FOR EACH STATEMENT EXECUTE FUNCTION shard_directory_refuse_truncate();
 
+CREATE TRIGGER shards_region_guard
+    BEFORE UPDATE OF region ON shards
+    FOR EACH ROW EXECUTE FUNCTION shards_region_guard();
+
 CREATE TRIGGER shard_directory_history_guard
     BEFORE INSERT OR UPDATE OR DELETE ON shard_directory_history
     FOR EACH ROW EXECUTE FUNCTION shard_directory_history_guard();
@@ -138,3 +145,14 @@ CREATE TRIGGER shard_directory_history_guard
 CREATE TRIGGER shard_directory_history_no_truncate
     BEFORE TRUNCATE ON shard_directory_history
     FOR EACH STATEMENT EXECUTE FUNCTION shard_directory_refuse_truncate();
+
+-- pg_dump carries the directory: a restore keeps entries (with their versions), the version
+-- (never lower than a restored entry's), history and moves. See the guard triggers for how the
+-- table owner's restore is told apart from a writer's change.
+SELECT pg_catalog.pg_extension_config_dump('shards', '');
+SELECT pg_catalog.pg_extension_config_dump('shard_directory', '');
+SELECT pg_catalog.pg_extension_config_dump('shard_directory_version', '');
+SELECT pg_catalog.pg_extension_config_dump('shard_directory_history', '');
+SELECT pg_catalog.pg_extension_config_dump('shard_directory_history_history_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('shard_moves', '');
+SELECT pg_catalog.pg_extension_config_dump('shard_moves_move_id_seq', '');

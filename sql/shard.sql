@@ -37,6 +37,41 @@ CREATE TRIGGER shard_fences_no_truncate
     BEFORE TRUNCATE ON shard_fences
     FOR EACH STATEMENT EXECUTE FUNCTION shard_directory_refuse_truncate();
 
+-- pg_dump carries min_accepted (a restore never lowers it) and the fences.
+SELECT pg_catalog.pg_extension_config_dump('shard_settings', '');
+SELECT pg_catalog.pg_extension_config_dump('shard_fences', '');
+
+-- Partitions created or attached after protect(parent) get the statement trigger too (the row
+-- trigger PostgreSQL clones by itself), so a TRUNCATE made straight to one is checked. SECURITY
+-- DEFINER: the trigger functions are not PUBLIC, and the role adding a partition needs no grant.
+CREATE FUNCTION protect_new_partitions() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    part regclass;
+BEGIN
+    FOR part IN
+        SELECT DISTINCT tree.relid::regclass
+          FROM pg_trigger t
+         CROSS JOIN LATERAL pg_partition_tree(t.tgrelid) tree
+         WHERE t.tgfoid = 'shard_directory.shard_directory_protect_statement()'::regprocedure
+           AND tree.relid <> t.tgrelid
+           AND NOT EXISTS (SELECT 1 FROM pg_trigger x
+                            WHERE x.tgrelid = tree.relid AND x.tgname = 'shard_directory_protect')
+    LOOP
+        EXECUTE format('CREATE TRIGGER shard_directory_protect '
+                       'BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %s FOR EACH STATEMENT '
+                       'EXECUTE FUNCTION shard_directory.shard_directory_protect_statement()', part);
+    END LOOP;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION protect_new_partitions() FROM PUBLIC;
+
+CREATE EVENT TRIGGER shard_directory_protect_partitions ON ddl_command_end
+    WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE')
+    EXECUTE FUNCTION protect_new_partitions();
+
 -- The tables an entity type's rows live in: those protected with
 -- protect(tbl, key_column, entity_type). The mover moves exactly these.
 CREATE FUNCTION protected_tables()

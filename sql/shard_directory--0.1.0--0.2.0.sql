@@ -72,4 +72,112 @@ VOLATILE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'bypass_fence_wrapper';
 
-REVOKE EXECUTE ON FUNCTION shard_directory.bypass_fence(text, text) FROM PUBLIC;
+-- History is ordered by version; version_at is when each version was taken (src/directory/statement.rs).
+-- Rows written before 0.2.0 get their transaction's start, the best time they recorded.
+ALTER TABLE shard_directory_history ADD COLUMN version_at timestamptz;
+ALTER TABLE shard_directory_history DISABLE TRIGGER shard_directory_history_guard;
+UPDATE shard_directory_history SET version_at = changed_at;
+ALTER TABLE shard_directory_history ENABLE TRIGGER shard_directory_history_guard;
+ALTER TABLE shard_directory_history ALTER COLUMN version_at SET NOT NULL;
+DROP INDEX shard_directory_history_entity_idx;
+CREATE INDEX shard_directory_history_entity_version_idx
+    ON shard_directory_history (entity_type, entity_id, version);
+
+-- A shard's region change is checked against the entries placed on it.
+CREATE FUNCTION "shards_region_guard"()
+	RETURNS TRIGGER
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', 'shards_region_guard_wrapper';
+CREATE TRIGGER shards_region_guard
+    BEFORE UPDATE OF region ON shards
+    FOR EACH ROW EXECUTE FUNCTION shards_region_guard();
+
+-- pg_dump carries the directory's and the shard's state.
+SELECT pg_catalog.pg_extension_config_dump('shards', '');
+SELECT pg_catalog.pg_extension_config_dump('shard_directory', '');
+SELECT pg_catalog.pg_extension_config_dump('shard_directory_version', '');
+SELECT pg_catalog.pg_extension_config_dump('shard_directory_history', '');
+SELECT pg_catalog.pg_extension_config_dump('shard_directory_history_history_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('shard_moves', '');
+SELECT pg_catalog.pg_extension_config_dump('shard_moves_move_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('shard_settings', '');
+SELECT pg_catalog.pg_extension_config_dump('shard_fences', '');
+
+-- protect()'s row trigger now runs AFTER each row (keys filled by BEFORE triggers and generated
+-- columns are what it checks). Re-create the ones 0.1.0 made, with their arguments.
+DO $upgrade$
+DECLARE
+    t record;
+BEGIN
+    FOR t IN
+        SELECT tg.tgrelid::regclass AS tbl, tg.tgname, pg_catalog.pg_get_triggerdef(tg.oid) AS def
+          FROM pg_catalog.pg_trigger tg
+         WHERE tg.tgfoid = 'shard_directory.shard_directory_protect_row()'::regprocedure
+           AND tg.tgparentid = 0
+    LOOP
+        EXECUTE format('DROP TRIGGER %I ON %s', t.tgname, t.tbl);
+        EXECUTE regexp_replace(t.def, '^CREATE TRIGGER (\S+) BEFORE ', 'CREATE TRIGGER \1 AFTER ');
+    END LOOP;
+END
+$upgrade$;
+
+-- Partitions created or attached after protect(parent) get the statement trigger too (the row
+-- trigger PostgreSQL clones by itself), so a TRUNCATE made straight to one is checked. SECURITY
+-- DEFINER: the trigger functions are not PUBLIC, and the role adding a partition needs no grant.
+CREATE FUNCTION protect_new_partitions() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    part regclass;
+BEGIN
+    FOR part IN
+        SELECT DISTINCT tree.relid::regclass
+          FROM pg_trigger t
+         CROSS JOIN LATERAL pg_partition_tree(t.tgrelid) tree
+         WHERE t.tgfoid = 'shard_directory.shard_directory_protect_statement()'::regprocedure
+           AND tree.relid <> t.tgrelid
+           AND NOT EXISTS (SELECT 1 FROM pg_trigger x
+                            WHERE x.tgrelid = tree.relid AND x.tgname = 'shard_directory_protect')
+    LOOP
+        EXECUTE format('CREATE TRIGGER shard_directory_protect '
+                       'BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %s FOR EACH STATEMENT '
+                       'EXECUTE FUNCTION shard_directory.shard_directory_protect_statement()', part);
+    END LOOP;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION protect_new_partitions() FROM PUBLIC;
+
+CREATE EVENT TRIGGER shard_directory_protect_partitions ON ddl_command_end
+    WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE')
+    EXECUTE FUNCTION protect_new_partitions();
+
+-- Who may run what (sql/privileges.sql).
+REVOKE EXECUTE ON FUNCTION
+    shard_directory_statement_begin(),
+    shard_directory_guard(),
+    shard_directory_record_history(),
+    notify_directory_change(),
+    shard_directory_refuse_truncate(),
+    shard_directory_version_guard(),
+    shard_directory_history_guard(),
+    shards_region_guard(),
+    shard_settings_guard(),
+    shard_fences_changed(),
+    shard_directory_protect_statement(),
+    shard_directory_protect_row(),
+    raise_min_accepted(bigint),
+    fence_owned(text, text, bigint),
+    fence_frozen(text, text),
+    fence_moved(text, text, text, bigint),
+    unfence(text, text),
+    protect(regclass),
+    protect(regclass, text, text),
+    unprotect(regclass),
+    purge_history(timestamptz),
+    bypass_fence(text, text)
+FROM PUBLIC;
+
+
+-- The check reads the latest committed fences, which a parallel operation cannot.
+ALTER FUNCTION assert_directory_version() PARALLEL UNSAFE;

@@ -78,9 +78,21 @@ pub enum SdError {
     },
     /// A row trigger ran without its statement trigger (someone dropped or disabled one).
     TriggersMissing,
-    /// `purge_history` is for the extension's owner.
-    NotExtensionOwner {
-        role: String,
+    /// A singleton table of the extension lost its row.
+    SingletonMissing {
+        table: &'static str,
+    },
+    /// A trigger function of the extension was attached to a table that is not its own.
+    TriggerMisused {
+        function: &'static str,
+        table: String,
+    },
+    /// An SPI call or a column read inside the extension failed (a table altered by hand, a call
+    /// from a context that cannot run SQL).
+    Spi {
+        during: &'static str,
+        cause: String,
+        datatype: bool,
     },
 
     // ---- shard side: the rejections a client retries (40001), then the rest ----
@@ -140,6 +152,42 @@ pub enum SdError {
     ObjectMissing {
         name: String,
     },
+    /// A fence change or `raise_min_accepted` waited `waited_ms` for checked transactions in
+    /// flight (`blockers`: their pids and states) and gave up.
+    FenceWaitTimeout {
+        what: String,
+        waited_ms: i32,
+        blockers: String,
+    },
+    /// TRUNCATE of a protected table would wipe the rows of an entity fenced frozen or moved.
+    TruncateFenced {
+        table: String,
+        entity: EntityKey,
+        fence: &'static str,
+    },
+    /// `protect` / `unprotect` need the TRIGGER privilege on the table.
+    ProtectNotAllowed {
+        table: String,
+        role: String,
+    },
+    /// `protect` accepts tables and partitioned tables only.
+    NotATable {
+        table: String,
+    },
+}
+
+/// The value of an SPI call or column read, or an error naming the step: never a Rust panic,
+/// which PostgreSQL would report as XX000 with Rust's text.
+pub fn spi<T, E: fmt::Display>(during: &'static str, result: Result<T, E>) -> T {
+    result.unwrap_or_else(|e| {
+        let cause = e.to_string();
+        SdError::Spi {
+            during,
+            datatype: cause.contains("Datum error") || cause.contains("type"),
+            cause,
+        }
+        .raise()
+    })
 }
 
 /// The argument, or a 22004 naming it: SQL functions take `Option`s so that a NULL gets a clear
@@ -214,7 +262,17 @@ impl SdError {
             | Self::TruncateRefused { .. }
             | Self::VersionRegression { .. }
             | Self::VersionRowFixed { .. }
-            | Self::TriggersMissing => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            | Self::TriggersMissing
+            | Self::SingletonMissing { .. }
+            | Self::Spi {
+                datatype: false, ..
+            } => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            Self::Spi { datatype: true, .. } => ERRCODE_DATATYPE_MISMATCH,
+            Self::TriggerMisused { .. } => ERRCODE_TRIGGERED_ACTION_EXCEPTION,
+            Self::FenceWaitTimeout { .. } => ERRCODE_LOCK_NOT_AVAILABLE,
+            Self::TruncateFenced { .. } => ERRCODE_T_R_SERIALIZATION_FAILURE,
+            Self::ProtectNotAllowed { .. } => ERRCODE_INSUFFICIENT_PRIVILEGE,
+            Self::NotATable { .. } => ERRCODE_WRONG_OBJECT_TYPE,
             Self::UnknownState { .. } | Self::RegionMismatch { .. } => ERRCODE_CHECK_VIOLATION,
             Self::StaleDirectory { .. }
             | Self::StaleEntity { .. }
@@ -231,7 +289,6 @@ impl SdError {
             Self::UnknownShard { .. } => ERRCODE_FOREIGN_KEY_VIOLATION,
             Self::UnknownEntity { .. } => ERRCODE_NO_DATA_FOUND,
             Self::NullValue { .. } => ERRCODE_NULL_VALUE_NOT_ALLOWED,
-            Self::NotExtensionOwner { .. } => ERRCODE_INSUFFICIENT_PRIVILEGE,
         }
     }
 
@@ -273,6 +330,10 @@ impl SdError {
                     json!({"reason": "moved", "entity_type": t, "entity_id": id, "moved_to": moved_to, "version": version, "client_version": client})
                         .to_string(),
                 )
+            }
+            Self::TruncateFenced { entity, fence, .. } => {
+                let (t, id) = entity_json(entity);
+                Some(json!({"reason": "truncate_fenced", "entity_type": t, "entity_id": id, "fence": fence}).to_string())
             }
             Self::InvalidTransition { from, to, .. } => Some(format!(
                 "The move state machine has no step from {} to {} with this shard and target.",
@@ -344,7 +405,30 @@ impl SdError {
                 Some("min_accepted only rises: pass a version above the current minimum.".into())
             }
             Self::VersionRegression { .. } => Some(
-                "Clients and shards rely on the version never going back; changes to shard_directory bump it.".into(),
+                "Clients and shards rely on the version moving forward one step per change; changes to shard_directory bump it.".into(),
+            ),
+            Self::SingletonMissing { .. } => Some(
+                "Reinstall the extension (DROP EXTENSION, CREATE EXTENSION) or restore the row from a dump.".into(),
+            ),
+            Self::TriggerMisused { function, .. } => Some(format!(
+                "{function} serves the extension's own tables only: drop this trigger. To check an application table, use shard_directory.protect(table)."
+            )),
+            Self::Spi { .. } => Some(
+                "The extension's tables may have been altered by hand: compare them with a fresh CREATE EXTENSION.".into(),
+            ),
+            Self::FenceWaitTimeout { .. } => Some(
+                "Finish or terminate the blocking transactions (pg_terminate_backend(pid)) and retry; \
+                 shard_directory.fence_wait_timeout sets how long to wait."
+                    .into(),
+            ),
+            Self::TruncateFenced { fence: "frozen", .. } => Some(
+                "A cutover is running for this entity: retry after it ends, or delete the other entities' rows with DELETE.".into(),
+            ),
+            Self::TruncateFenced { .. } => Some(
+                "Use DELETE for the entities that live here, or unfence the moved entity once its move is cleaned up.".into(),
+            ),
+            Self::ProtectNotAllowed { .. } => Some(
+                "The table's owner (or a role granted TRIGGER on it) protects it.".into(),
             ),
             _ => None,
         }
@@ -447,9 +531,29 @@ impl fmt::Display for SdError {
                 write!(f, "protect trigger {trigger}: {problem}")
             }
             Self::ObjectMissing { name } => write!(f, "shard_directory.{name} does not exist in this database"),
-            Self::NotExtensionOwner { role } => write!(
+            Self::SingletonMissing { table } => {
+                write!(f, "shard_directory.{table} has lost its row")
+            }
+            Self::TriggerMisused { function, table } => write!(
                 f,
-                "role \"{role}\" may not purge history: only the owner of extension shard_directory can"
+                "trigger function shard_directory.{function}() refuses to run on {table}"
+            ),
+            Self::Spi { during, cause, .. } => write!(f, "shard_directory: {during} failed: {cause}"),
+            Self::FenceWaitTimeout { what, waited_ms, blockers } => write!(
+                f,
+                "{what} gave up after waiting {waited_ms} ms for checked transactions in flight: {blockers}"
+            ),
+            Self::TruncateFenced { table, entity, fence } => write!(
+                f,
+                "TRUNCATE of {table} refused: {entity} is fenced {fence} on this shard, and TRUNCATE would wipe its rows"
+            ),
+            Self::ProtectNotAllowed { table, role } => write!(
+                f,
+                "role \"{role}\" may not protect or unprotect {table}: it lacks the TRIGGER privilege on it"
+            ),
+            Self::NotATable { table } => write!(
+                f,
+                "{table} is not a table: protect() accepts tables and partitioned tables"
             ),
         }
     }

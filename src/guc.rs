@@ -10,6 +10,10 @@ use crate::error::SdError;
 /// `shard_directory.allow_repoint`: lets a DBA re-point an entry directly (emergency only).
 pub static ALLOW_REPOINT: GucSetting<bool> = GucSetting::<bool>::new(false);
 
+/// `shard_directory.fence_wait_timeout`: how long a fence change or `raise_min_accepted` waits
+/// for the checked transactions in flight (new checked transactions queue behind it meanwhile).
+pub static FENCE_WAIT_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(2000);
+
 pub fn init() {
     GucRegistry::define_bool_guc(
         c"shard_directory.allow_repoint",
@@ -17,8 +21,20 @@ pub fn init() {
         c"Emergency use only: SET LOCAL shard_directory.allow_repoint = on in the transaction that \
           re-points. History records such changes as 'repoint'.",
         &ALLOW_REPOINT,
-        GucContext::Userset,
+        // Superusers, and roles granted SET ON PARAMETER shard_directory.allow_repoint.
+        GucContext::Suset,
         GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"shard_directory.fence_wait_timeout",
+        c"How long a fence change or raise_min_accepted waits for checked transactions in flight.",
+        c"Checked transactions that start meanwhile queue behind it, so the wait is bounded: past it \
+          the change fails with SQLSTATE 55P03 naming the blocking backends.",
+        &FENCE_WAIT_TIMEOUT,
+        1,
+        600_000,
+        GucContext::Userset,
+        GucFlags::UNIT_MS,
     );
 }
 

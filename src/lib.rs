@@ -17,10 +17,12 @@ use pgrx::prelude::*;
 pub(crate) type TriggerResult<'a> =
     Result<Option<PgHeapTuple<'a, pgrx::AllocatedByRust>>, pgrx::datum::TryFromDatumError>;
 
+mod catalog;
 mod directory;
 mod entity;
 mod error;
 mod guc;
+mod privilege;
 mod shard;
 mod xact;
 
@@ -45,6 +47,7 @@ pgrx::extension_sql_file!(
         directory::triggers::shard_directory_history_guard,
         directory::triggers::shard_directory_version_guard,
         directory::triggers::shard_directory_refuse_truncate,
+        directory::triggers::shards_region_guard,
     ]
 );
 
@@ -59,6 +62,8 @@ pgrx::extension_sql_file!(
         shard::check::shard_directory_protect_row,
     ]
 );
+
+pgrx::extension_sql_file!("../sql/privileges.sql", name = "privileges", finalize);
 
 #[cfg(any(test, feature = "pg_test"))]
 mod pg_tests;

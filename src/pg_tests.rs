@@ -104,8 +104,11 @@ mod tests {
     fn one_statement_bumps_the_version_once_and_stamps_every_changed_entry() {
         setup();
         let before = version();
-        Spi::run("UPDATE shard_directory.shard_directory SET region = region WHERE entity_type = 'tenant'")
-            .unwrap();
+        Spi::run(
+            "UPDATE shard_directory.shard_directory \
+             SET region = CASE WHEN region IS NULL THEN 'eu' END WHERE entity_type = 'tenant'",
+        )
+        .unwrap();
         assert_eq!(version(), before + 1);
         let stamped: i64 = one(&format!(
             "SELECT count(*) FROM shard_directory.shard_directory WHERE version = {}",
@@ -113,9 +116,67 @@ mod tests {
         ));
         assert_eq!(stamped, 3);
         // whatever the statement itself wrote into version is overwritten
+        Spi::run(
+            "UPDATE shard_directory.shard_directory SET version = 999, region = 'eu' WHERE entity_id = '1'",
+        )
+        .unwrap();
+        assert_eq!(entry("1"), format!("active|shard_1|-|{}", before + 2));
+        // and a write of version alone changes nothing: the stored stamp stays
         Spi::run("UPDATE shard_directory.shard_directory SET version = 999 WHERE entity_id = '1'")
             .unwrap();
         assert_eq!(entry("1"), format!("active|shard_1|-|{}", before + 2));
+        assert_eq!(version(), before + 2);
+    }
+
+    /// Issue 8, items 11 and 13.
+    #[pg_test]
+    fn skipped_rows_bump_nothing_and_a_with_statement_gets_one_version() {
+        setup();
+        let before = version();
+        let history = || one::<i64>("SELECT count(*) FROM shard_directory.shard_directory_history");
+        let rows = history();
+        for sql in [
+            "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) \
+             VALUES ('tenant', '1', 'shard_1') ON CONFLICT DO NOTHING",
+            "UPDATE shard_directory.shard_directory SET region = region, state = state",
+        ] {
+            Spi::run(sql).unwrap();
+            assert_eq!(version(), before, "{sql}");
+            assert_eq!(history(), rows, "{sql}");
+        }
+        // a skipped row beside a written one: the written one keeps the statement's version
+        Spi::run(
+            "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) \
+             VALUES ('tenant', '1', 'shard_1'), ('tenant', '4', 'shard_1') ON CONFLICT DO NOTHING",
+        )
+        .unwrap();
+        assert_eq!(version(), before + 1);
+        assert_eq!(entry("4"), format!("active|shard_1|-|{}", before + 1));
+
+        // one WITH statement inserting, updating and deleting: one version for all of it
+        Spi::run(
+            "WITH a AS (UPDATE shard_directory.shard_directory SET region = NULL WHERE entity_id = '1' RETURNING 1), \
+                  b AS (DELETE FROM shard_directory.shard_directory WHERE entity_id = '4' RETURNING 1) \
+             INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) \
+             SELECT 'tenant', '5', 'shard_2' FROM a, b",
+        )
+        .unwrap();
+        assert_eq!(version(), before + 2);
+        let versions: String = one(&format!(
+            "SELECT string_agg(DISTINCT version::text, ',') FROM shard_directory.shard_directory_history \
+             WHERE version > {before} + 1"
+        ));
+        assert_eq!(versions, (before + 2).to_string());
+        assert_eq!(history(), rows + 4);
+        // an upsert that updates: one version too
+        Spi::run(
+            "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name, region) \
+             VALUES ('tenant', '5', 'shard_2', 'eu') \
+             ON CONFLICT (entity_type, entity_id) DO UPDATE SET region = excluded.region",
+        )
+        .unwrap();
+        assert_eq!(version(), before + 3);
+        assert_eq!(entry("5"), format!("active|shard_2|-|{}", before + 3));
     }
 
     #[pg_test]
@@ -318,15 +379,23 @@ mod tests {
             rows,
             format!("insert,shard_1,active,eu,1 update,shard_1,active,shard_1,active,eu,2 delete,shard_1,active,{deleted_at}")
         );
+        // even a role that was granted every privilege on history cannot rewrite it
+        Spi::run(
+            "CREATE ROLE sd_forger; GRANT USAGE ON SCHEMA shard_directory TO sd_forger; \
+             GRANT ALL ON shard_directory.shard_directory_history TO sd_forger; \
+             SET LOCAL ROLE sd_forger",
+        )
+        .unwrap();
         for sql in [
             "UPDATE shard_directory.shard_directory_history SET new_shard = 'x'",
             "DELETE FROM shard_directory.shard_directory_history",
-            "INSERT INTO shard_directory.shard_directory_history (op, transition, entity_type, entity_id, version) \
-             VALUES ('insert', 'insert', 'tenant', 'forged', 1)",
+            "INSERT INTO shard_directory.shard_directory_history (op, transition, entity_type, entity_id, version, version_at) \
+             OVERRIDING SYSTEM VALUE VALUES ('insert', 'insert', 'tenant', 'forged', 1, now())",
             "TRUNCATE shard_directory.shard_directory_history",
         ] {
             assert_eq!(refusal(sql).code, ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "{sql}");
         }
+        Spi::run("RESET ROLE").unwrap();
         let purged: i64 = one("SELECT shard_directory.purge_history(now() + interval '1 second')");
         assert_eq!(purged, 5);
     }
@@ -334,10 +403,12 @@ mod tests {
     #[pg_test]
     fn the_version_only_moves_forward() {
         setup();
+        let v = version();
         for sql in [
             "UPDATE shard_directory.shard_directory_version SET version = 0",
+            "UPDATE shard_directory.shard_directory_version SET version = version + 2",
+            "UPDATE shard_directory.shard_directory_version SET version = 9223372036854775807",
             "DELETE FROM shard_directory.shard_directory_version",
-            "INSERT INTO shard_directory.shard_directory_version (id, version) VALUES (false, 5)",
             "TRUNCATE shard_directory.shard_directory_version",
         ] {
             assert_eq!(
@@ -346,6 +417,30 @@ mod tests {
                 "{sql}"
             );
         }
+        // exactly the bump the trigger makes is the one direct write allowed
+        Spi::run("UPDATE shard_directory.shard_directory_version SET version = version + 1")
+            .unwrap();
+        assert_eq!(version(), v + 1);
+        // the owner restoring a dump raises it, never lowers it; nobody else inserts
+        Spi::run(
+            "INSERT INTO shard_directory.shard_directory_version (id, version) VALUES (true, 0)",
+        )
+        .unwrap();
+        assert_eq!(version(), v + 1);
+        Spi::run(
+            "INSERT INTO shard_directory.shard_directory_version (id, version) VALUES (true, 40)",
+        )
+        .unwrap();
+        assert_eq!(version(), 40);
+        Spi::run(
+            "CREATE ROLE sd_inserter; GRANT USAGE ON SCHEMA shard_directory TO sd_inserter; \
+             GRANT ALL ON shard_directory.shard_directory_version TO sd_inserter; SET LOCAL ROLE sd_inserter",
+        )
+        .unwrap();
+        assert_eq!(
+            refusal("INSERT INTO shard_directory.shard_directory_version (id, version) VALUES (true, 50)").code,
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
+        );
     }
 
     // ---------------------------------------------------------------- shard side
@@ -636,5 +731,314 @@ mod tests {
             ),
             (4, 1, 1, 1)
         );
+    }
+
+    // ---------------------------------------------------------------- privileges (issue 8)
+
+    /// A role with privileges on `shard_directory` alone, as README's "Roles and grants" gives it.
+    fn as_writer() {
+        Spi::run(
+            "CREATE ROLE sd_writer; GRANT USAGE ON SCHEMA shard_directory TO sd_writer; \
+             GRANT SELECT, INSERT, UPDATE, DELETE ON shard_directory.shard_directory TO sd_writer; \
+             SET LOCAL ROLE sd_writer",
+        )
+        .unwrap();
+    }
+
+    #[pg_test]
+    fn a_writer_needs_no_grant_on_version_or_history_and_cannot_forge_them() {
+        setup();
+        as_writer();
+        let v = version();
+        Spi::run(
+            "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) VALUES ('tenant', '9', 'shard_2'); \
+             UPDATE shard_directory.shard_directory SET region = 'eu' WHERE entity_id = '9'; \
+             SELECT shard_directory.begin_move('tenant', '9', 'shard_1'); \
+             SELECT shard_directory.abort_move('tenant', '9'); \
+             DELETE FROM shard_directory.shard_directory WHERE entity_id = '9'",
+        )
+        .unwrap();
+        assert_eq!(version(), v + 5);
+        for sql in [
+            "UPDATE shard_directory.shard_directory_version SET version = 9223372036854775807",
+            "INSERT INTO shard_directory.shard_directory_history (op, transition, entity_type, entity_id, version, version_at) \
+             VALUES ('insert', 'insert', 'tenant', 'forged', 1, now())",
+            "SELECT shard_directory.purge_history(now())",
+            "SET shard_directory.allow_repoint = on",
+            "SELECT shard_directory.raise_min_accepted(5)",
+            "SELECT shard_directory.fence_frozen('tenant', '1')",
+            "SELECT shard_directory.fence_owned('tenant', '1', 1)",
+            "SELECT shard_directory.fence_moved('tenant', '1', 'shard_2', 1)",
+            "SELECT shard_directory.unfence('tenant', '1')",
+            "SELECT shard_directory.bypass_fence('tenant', '1')",
+        ] {
+            assert_eq!(refusal(sql).code, ERRCODE_INSUFFICIENT_PRIVILEGE, "{sql}");
+        }
+        Spi::run("RESET ROLE").unwrap();
+        let by: String = one(
+            "SELECT string_agg(DISTINCT changed_by, ',') FROM shard_directory.shard_directory_history \
+             WHERE entity_id = '9'",
+        );
+        assert_eq!(
+            by, "sd_writer",
+            "history names the writer, not the owner acting for it"
+        );
+    }
+
+    #[pg_test]
+    fn trigger_functions_cannot_be_borrowed() {
+        as_writer();
+        Spi::run("CREATE TEMP TABLE mine (op text)").unwrap();
+        for function in [
+            "shard_directory_record_history",
+            "shard_directory_guard",
+            "shard_settings_guard",
+            "shard_fences_changed",
+            "shard_directory_protect_row",
+        ] {
+            let sql = format!(
+                "CREATE TRIGGER t BEFORE INSERT ON mine FOR EACH ROW EXECUTE FUNCTION shard_directory.{function}()"
+            );
+            assert_eq!(refusal(&sql).code, ERRCODE_INSUFFICIENT_PRIVILEGE, "{sql}");
+        }
+        // even a role that may attach them (here the superuser) finds they refuse a foreign table
+        Spi::run("RESET ROLE; CREATE TABLE stolen (id bool PRIMARY KEY, min_accepted bigint)")
+            .unwrap();
+        for (function, timing) in [
+            ("shard_settings_guard", "BEFORE"),
+            ("shard_directory_record_history", "AFTER"),
+            ("shard_directory_history_guard", "BEFORE"),
+            ("shard_directory_protect_row", "AFTER"),
+        ] {
+            Spi::run(&format!(
+                "DROP TRIGGER IF EXISTS t ON stolen; CREATE TRIGGER t {timing} INSERT OR UPDATE ON stolen \
+                 FOR EACH ROW EXECUTE FUNCTION shard_directory.{function}()"
+            ))
+            .unwrap();
+            let r = refusal("INSERT INTO stolen VALUES (true, 1)");
+            assert_eq!(
+                r.code, ERRCODE_TRIGGERED_ACTION_EXCEPTION,
+                "{function}: {}",
+                r.message
+            );
+            assert!(r.message.contains("stolen"), "{}", r.message);
+        }
+    }
+
+    #[pg_test]
+    fn allow_repoint_needs_superuser_or_a_grant_of_set() {
+        setup();
+        as_writer();
+        assert_eq!(
+            refusal("SET LOCAL shard_directory.allow_repoint = on").code,
+            ERRCODE_INSUFFICIENT_PRIVILEGE
+        );
+        Spi::run(
+            "RESET ROLE; GRANT SET ON PARAMETER shard_directory.allow_repoint TO sd_writer; \
+             SET LOCAL ROLE sd_writer; SET LOCAL shard_directory.allow_repoint = on; \
+             UPDATE shard_directory.shard_directory SET shard_name = 'shard_2' WHERE entity_id = '1'",
+        )
+        .unwrap();
+        assert!(entry("1").starts_with("active|shard_2|"));
+    }
+
+    #[pg_test]
+    fn a_shard_region_change_is_checked_against_its_entries() {
+        setup();
+        assert_refused(
+            "UPDATE shard_directory.shards SET region = 'us' WHERE shard_name = 'shard_1'",
+            ERRCODE_CHECK_VIOLATION,
+            &["tenant/1", "shard_1", "us"],
+        );
+        // entries without a region, or none placed there: allowed
+        Spi::run("UPDATE shard_directory.shards SET region = 'us' WHERE shard_name = 'shard_4'")
+            .unwrap();
+    }
+
+    #[pg_test]
+    fn a_table_altered_by_hand_gets_a_sqlstate_not_a_panic() {
+        setup();
+        Spi::run(
+            "ALTER TABLE shard_directory.shard_directory_version DISABLE TRIGGER USER; \
+             DELETE FROM shard_directory.shard_directory_version; \
+             ALTER TABLE shard_directory.shard_directory_version ENABLE TRIGGER USER",
+        )
+        .unwrap();
+        for sql in [
+            "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) VALUES ('tenant', '7', 'shard_1')",
+            "SELECT shard_directory.current_version()",
+        ] {
+            let r = refusal(sql);
+            assert_eq!(r.code, ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "{}", r.message);
+            assert!(r.message.contains("shard_directory_version"), "{}", r.message);
+        }
+    }
+
+    /// An application role with privileges on its own table only.
+    fn app_table(ddl: &str) {
+        Spi::run(&format!(
+            "CREATE ROLE sd_app; GRANT CREATE, USAGE ON SCHEMA public TO sd_app; \
+             GRANT USAGE ON SCHEMA shard_directory TO sd_app; \
+             GRANT EXECUTE ON FUNCTION shard_directory.protect(regclass, text, text), \
+                                       shard_directory.protect(regclass) TO sd_app; \
+             SET LOCAL ROLE sd_app; {ddl}"
+        ))
+        .unwrap();
+    }
+
+    #[pg_test]
+    fn the_check_needs_no_grant_on_the_extensions_tables() {
+        Spi::run("SELECT shard_directory.raise_min_accepted(5); SELECT shard_directory.fence_frozen('tenant', '2')")
+            .unwrap();
+        app_table(
+            "CREATE TABLE public.items (tenant_id int, body text); \
+             SELECT shard_directory.protect('public.items', 'tenant_id', 'tenant')",
+        );
+        client("5");
+        entity("1");
+        Spi::run(&format!(
+            "{CHECK}; INSERT INTO public.items VALUES (1, 'a')"
+        ))
+        .unwrap();
+        let r = refusal("INSERT INTO public.items VALUES (2, 'b')");
+        assert_eq!(r.code, ERRCODE_T_R_SERIALIZATION_FAILURE, "{}", r.message);
+        assert_eq!(json(r.detail)["reason"], "frozen");
+        client("4");
+        assert_eq!(refusal(CHECK).code, ERRCODE_T_R_SERIALIZATION_FAILURE);
+        // protecting needs TRIGGER on the table; reading the extension's tables needs nothing
+        Spi::run(
+            "RESET ROLE; CREATE TABLE public.not_yours (tenant_id int); SET LOCAL ROLE sd_app",
+        )
+        .unwrap();
+        assert_eq!(
+            refusal("SELECT shard_directory.protect('public.not_yours')").code,
+            ERRCODE_INSUFFICIENT_PRIVILEGE
+        );
+        assert_eq!(
+            refusal("SELECT shard_directory.unprotect('public.not_yours')").code,
+            ERRCODE_INSUFFICIENT_PRIVILEGE
+        );
+        assert_eq!(
+            refusal("SELECT * FROM shard_directory.shard_fences").code,
+            ERRCODE_INSUFFICIENT_PRIVILEGE
+        );
+    }
+
+    #[pg_test]
+    fn writes_made_straight_to_a_partition_are_checked_including_partitions_attached_later() {
+        Spi::run(
+            "CREATE TABLE parts (tenant_id int, body text) PARTITION BY LIST (tenant_id); \
+             CREATE TABLE parts_a PARTITION OF parts FOR VALUES IN (1, 2); \
+             SELECT shard_directory.protect('parts', 'tenant_id', 'tenant'); \
+             CREATE TABLE parts_b PARTITION OF parts FOR VALUES IN (3); \
+             CREATE TABLE parts_c (tenant_id int, body text); \
+             ALTER TABLE parts ATTACH PARTITION parts_c FOR VALUES IN (4); \
+             CREATE TABLE plain_parts (tenant_id int) PARTITION BY LIST (tenant_id); \
+             CREATE TABLE plain_parts_a PARTITION OF plain_parts FOR VALUES IN (1); \
+             SELECT shard_directory.protect('plain_parts'); \
+             SELECT shard_directory.raise_min_accepted(5); \
+             SELECT shard_directory.fence_moved('tenant', '3', 'shard_2', 6)",
+        )
+        .unwrap();
+        for sql in [
+            "INSERT INTO parts_a VALUES (1, 'no version')",
+            "INSERT INTO parts_b VALUES (3, 'no version')",
+            "INSERT INTO parts_c VALUES (4, 'no version')",
+            "INSERT INTO plain_parts_a VALUES (1)",
+            "TRUNCATE parts_a",
+            "TRUNCATE parts_b",
+            "TRUNCATE parts_c",
+        ] {
+            assert_eq!(
+                refusal(sql).code,
+                ERRCODE_T_R_SERIALIZATION_FAILURE,
+                "{sql}"
+            );
+        }
+        client("5");
+        Spi::run("INSERT INTO parts_a VALUES (1, 'ok'); INSERT INTO parts_c VALUES (4, 'ok'); INSERT INTO plain_parts_a VALUES (1)")
+            .unwrap();
+        let r = refusal("INSERT INTO parts_b VALUES (3, 'moved')");
+        assert_eq!(json(r.detail)["moved_to"], "shard_2");
+        // the mover sees the parent only
+        assert_eq!(
+            one::<String>(
+                "SELECT string_agg(tbl::text, ',') FROM shard_directory.protected_tables()"
+            ),
+            "parts"
+        );
+    }
+
+    #[pg_test]
+    fn truncate_is_refused_while_an_entity_of_the_table_is_frozen_or_moved() {
+        Spi::run(
+            "CREATE TABLE orders (tenant_id int, item text); \
+             SELECT shard_directory.protect('orders', 'tenant_id', 'tenant'); \
+             CREATE TABLE accounts (account_id int); \
+             SELECT shard_directory.protect('accounts', 'account_id', 'account'); \
+             SELECT shard_directory.fence_frozen('tenant', '7')",
+        )
+        .unwrap();
+        client("1");
+        Spi::run("INSERT INTO orders VALUES (1, 'a')").unwrap();
+        let r = refusal("TRUNCATE orders");
+        assert_eq!(r.code, ERRCODE_T_R_SERIALIZATION_FAILURE);
+        assert!(
+            r.message.contains("tenant/7") && r.message.contains("frozen"),
+            "{}",
+            r.message
+        );
+        Spi::run("TRUNCATE accounts").unwrap(); // another entity type: not concerned
+        Spi::run("SELECT shard_directory.fence_moved('tenant', '7', 'shard_2', 3)").unwrap();
+        assert!(refusal("TRUNCATE orders").message.contains("moved"));
+        Spi::run("SELECT shard_directory.fence_owned('tenant', '7', 3); TRUNCATE orders").unwrap();
+    }
+
+    #[pg_test]
+    fn the_row_check_sees_the_key_a_before_trigger_filled_in() {
+        Spi::run(
+            "CREATE TABLE events (tenant_id int, body text); \
+             CREATE FUNCTION fill_tenant() RETURNS trigger LANGUAGE plpgsql AS \
+               $$ BEGIN NEW.tenant_id := coalesce(NEW.tenant_id, 3); RETURN NEW; END $$; \
+             CREATE TRIGGER zz_fill_tenant BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION fill_tenant(); \
+             CREATE TABLE generated (n int, tenant_id int GENERATED ALWAYS AS (n + 1) STORED); \
+             SELECT shard_directory.protect('events', 'tenant_id', 'tenant'); \
+             SELECT shard_directory.protect('generated', 'tenant_id', 'tenant'); \
+             SELECT shard_directory.fence_moved('tenant', '3', 'shard_2', 6)",
+        )
+        .unwrap();
+        client("1");
+        assert_eq!(
+            json(refusal("INSERT INTO events (body) VALUES ('filled in later')").detail)
+                ["entity_id"],
+            "3"
+        );
+        assert_eq!(
+            json(refusal("INSERT INTO generated (n) VALUES (2)").detail)["entity_id"],
+            "3"
+        );
+        Spi::run("INSERT INTO events VALUES (1, 'fine'); INSERT INTO generated (n) VALUES (1)")
+            .unwrap();
+    }
+
+    /// Issue 8, item 8: one heavyweight lock per entity exhausted the lock table.
+    #[pg_test]
+    fn one_transaction_writes_rows_of_100k_tenants() {
+        Spi::run(
+            "CREATE TABLE orders (tenant_id int, item text); \
+             SELECT shard_directory.protect('orders', 'tenant_id', 'tenant'); \
+             SELECT shard_directory.fence_owned('tenant', '5', 1)",
+        )
+        .unwrap();
+        client("1");
+        Spi::run("INSERT INTO orders SELECT g, 'x' FROM generate_series(1, 100000) g").unwrap();
+        assert_eq!(
+            one::<i64>("SELECT count(DISTINCT tenant_id) FROM orders"),
+            100_000
+        );
+        let locks: i64 = one(
+            "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory'",
+        );
+        assert_eq!(locks, 0);
     }
 }

@@ -7,3 +7,4 @@ mod row;
 pub(crate) mod statement;
 pub mod transition;
 pub mod triggers;
+mod writer;

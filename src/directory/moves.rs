@@ -5,30 +5,33 @@
 use pgrx::prelude::*;
 
 use super::transition::{self, EntityKey, Placement, State, Transition};
-use crate::error::{required, SdError};
+use crate::error::{required, spi, SdError};
+use crate::{catalog, privilege};
 
 fn lock_entry(key: &EntityKey, step: &'static str) -> Placement {
-    let row = Spi::connect_mut(|c| {
-        let table = c.update(
-            "SELECT state, shard_name, target_shard FROM shard_directory.shard_directory \
+    let row = spi(
+        "lock directory entry",
+        Spi::connect_mut(|c| {
+            let table = c.update(
+                "SELECT state, shard_name, target_shard FROM shard_directory.shard_directory \
              WHERE entity_type = $1 AND entity_id = $2 FOR UPDATE",
-            Some(1),
-            &[
-                key.entity_type.as_str().into(),
-                key.entity_id.as_str().into(),
-            ],
-        )?;
-        if table.is_empty() {
-            return Ok::<_, pgrx::spi::SpiError>(None);
-        }
-        let row = table.first();
-        Ok(Some((
-            row.get::<String>(1)?.unwrap_or_default(),
-            row.get::<String>(2)?.unwrap_or_default(),
-            row.get::<String>(3)?,
-        )))
-    })
-    .expect("lock directory entry");
+                Some(1),
+                &[
+                    key.entity_type.as_str().into(),
+                    key.entity_id.as_str().into(),
+                ],
+            )?;
+            if table.is_empty() {
+                return Ok::<_, pgrx::spi::SpiError>(None);
+            }
+            let row = table.first();
+            Ok(Some((
+                row.get::<String>(1)?.unwrap_or_default(),
+                row.get::<String>(2)?.unwrap_or_default(),
+                row.get::<String>(3)?,
+            )))
+        }),
+    );
     let Some((state, shard_name, target_shard)) = row else {
         SdError::UnknownEntity {
             entity: key.clone(),
@@ -62,32 +65,44 @@ fn step(
         Ok(t) if expected.contains(&t) => {}
         _ => refused().raise(),
     }
-    Spi::connect_mut(|c| {
-        c.update(
-            "UPDATE shard_directory.shard_directory \
+    let version = spi(
+        "write directory step",
+        Spi::connect_mut(|c| {
+            c.update(
+                "UPDATE shard_directory.shard_directory \
              SET state = $3, shard_name = $4, target_shard = $5 \
              WHERE entity_type = $1 AND entity_id = $2 RETURNING version",
-            None,
-            &[
-                key.entity_type.as_str().into(),
-                key.entity_id.as_str().into(),
-                new.state.as_str().into(),
-                new.shard_name.as_str().into(),
-                new.target_shard.as_deref().into(),
-            ],
-        )?
-        .first()
-        .get_one::<i64>()
-    })
-    .expect("write directory step")
-    .expect("updated row has a version")
+                None,
+                &[
+                    key.entity_type.as_str().into(),
+                    key.entity_id.as_str().into(),
+                    new.state.as_str().into(),
+                    new.shard_name.as_str().into(),
+                    new.target_shard.as_deref().into(),
+                ],
+            )?
+            .first()
+            .get_one::<i64>()
+        }),
+    );
+    version.unwrap_or_else(|| SdError::UnknownEntity { entity: key, step }.raise())
 }
 
+/// The directory's version; anyone may read it (clients poll it), whatever their grants.
 #[pg_extern(volatile)]
 fn current_version() -> i64 {
-    Spi::get_one::<i64>("SELECT version FROM shard_directory.shard_directory_version")
-        .expect("read version")
-        .expect("shard_directory_version has its row")
+    let version = privilege::as_owner_of(catalog::relation(c"shard_directory_version"), || {
+        spi(
+            "read shard_directory_version",
+            Spi::get_one::<i64>("SELECT version FROM shard_directory.shard_directory_version"),
+        )
+    });
+    version.unwrap_or_else(|| {
+        SdError::SingletonMissing {
+            table: "shard_directory_version",
+        }
+        .raise()
+    })
 }
 
 /// active -> migrating towards `target_shard`: routers dual-read, writes stay on the source.

@@ -4,7 +4,8 @@ use pgrx::prelude::*;
 use pgrx::WhoAllocated;
 
 use super::transition::{EntityKey, Placement, State};
-use crate::error::{required, SdError};
+use crate::error::{required, spi, SdError};
+use crate::{catalog, privilege};
 
 pub struct Entry {
     pub key: EntityKey,
@@ -13,8 +14,7 @@ pub struct Entry {
 }
 
 fn text<A: WhoAllocated>(t: &PgHeapTuple<'_, A>, column: &'static str) -> Option<String> {
-    t.get_by_name::<String>(column)
-        .unwrap_or_else(|e| panic!("shard_directory.{column}: {e}"))
+    spi(column, t.get_by_name::<String>(column))
 }
 
 fn not_null<A: WhoAllocated>(t: &PgHeapTuple<'_, A>, column: &'static str) -> String {
@@ -39,26 +39,35 @@ impl Entry {
         }
     }
 
-    /// Every shard the entry names must be registered, and in the entry's region when both have one.
+    /// Every shard the entry names must be registered, and in the entry's region when both have
+    /// one. Read as the owner of `shards`: a writer needs no privilege on it.
     pub fn check_shards(&self) -> Result<(), SdError> {
+        privilege::as_owner_of(catalog::relation(c"shards"), || {
+            self.check_shards_as_owner()
+        })
+    }
+
+    fn check_shards_as_owner(&self) -> Result<(), SdError> {
         let named = [
             Some(&self.placement.shard_name),
             self.placement.target_shard.as_ref(),
         ];
         for shard in named.into_iter().flatten() {
-            let found: Option<Option<String>> = Spi::connect(|c| {
-                let table = c.select(
-                    "SELECT region FROM shard_directory.shards WHERE shard_name = $1",
-                    Some(1),
-                    &[shard.as_str().into()],
-                )?;
-                if table.is_empty() {
-                    Ok::<_, pgrx::spi::SpiError>(None)
-                } else {
-                    Ok(Some(table.first().get_one::<String>()?))
-                }
-            })
-            .expect("look up shard");
+            let found: Option<Option<String>> = spi(
+                "look up shard",
+                Spi::connect(|c| {
+                    let table = c.select(
+                        "SELECT region FROM shard_directory.shards WHERE shard_name = $1",
+                        Some(1),
+                        &[shard.as_str().into()],
+                    )?;
+                    if table.is_empty() {
+                        Ok::<_, pgrx::spi::SpiError>(None)
+                    } else {
+                        Ok(Some(table.first().get_one::<String>()?))
+                    }
+                }),
+            );
             match found {
                 None => {
                     return Err(SdError::UnknownShard {

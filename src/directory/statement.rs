@@ -3,20 +3,36 @@
 //! A BEFORE STATEMENT trigger opens a frame; the first row the statement changes bumps
 //! `shard_directory_version` (the row lock serialises concurrent writers until commit, so
 //! versions follow commit order) and every row of the statement is stamped with that value; the
-//! AFTER STATEMENT trigger closes the frame and notifies if something was bumped. A statement
-//! that changes nothing opens and closes a frame and bumps nothing.
+//! AFTER STATEMENT trigger closes the frame and notifies. A statement runs several statement
+//! trigger pairs when it is a WITH query or an `INSERT ... ON CONFLICT DO UPDATE`: they share one
+//! frame, so one statement gets one version and one notification. A statement whose rows were
+//! all skipped (`ON CONFLICT DO NOTHING`) takes its bump back: it changed nothing.
 
 use std::cell::RefCell;
 
 use pgrx::prelude::*;
 
-use crate::error::SdError;
+use super::writer::{self, Writer};
+use crate::error::{spi, SdError};
+use crate::privilege;
+
+/// The version a statement bumped to, and when: the time is taken while the version row is
+/// locked and never goes below the previous bump's, so it follows version (and commit) order.
+#[derive(Clone, Copy)]
+pub struct Bump {
+    pub version: i64,
+    pub at: TimestampWithTimeZone,
+}
 
 struct Frame {
     /// Transaction nesting level at which the statement began: a frame above the current level
     /// belongs to a statement whose subtransaction was rolled back.
     nest_level: i32,
-    version: Option<i64>,
+    /// Statement triggers begun and not yet ended.
+    open: u32,
+    bump: Option<Bump>,
+    /// Whether a row of the statement was written (an AFTER ROW trigger ran for it).
+    written: bool,
 }
 
 thread_local! {
@@ -27,75 +43,168 @@ fn nest_level() -> i32 {
     unsafe { pg_sys::GetCurrentTransactionNestLevel() }
 }
 
-/// Drops frames left behind by statements that failed inside a rolled-back subtransaction.
-fn discard_abandoned(frames: &mut Vec<Frame>) {
-    let level = nest_level();
-    while frames.last().is_some_and(|f| f.nest_level > level) {
-        frames.pop();
-    }
+/// The frames still alive at the current nesting level, with the top one handed to `f`.
+fn with_top<R>(f: impl FnOnce(Option<&mut Frame>) -> R) -> R {
+    FRAMES.with_borrow_mut(|frames| {
+        let level = nest_level();
+        while frames.last().is_some_and(|f| f.nest_level > level) {
+            frames.pop();
+        }
+        f(frames.last_mut())
+    })
 }
 
 pub fn begin() {
-    FRAMES.with_borrow_mut(|frames| {
-        discard_abandoned(frames);
-        frames.push(Frame {
-            nest_level: nest_level(),
-            version: None,
-        });
+    let level = nest_level();
+    let joined = with_top(|top| match top {
+        Some(top) if top.nest_level == level && top.open > 0 => {
+            top.open += 1;
+            true
+        }
+        _ => false,
     });
+    if !joined {
+        FRAMES.with_borrow_mut(|frames| {
+            frames.push(Frame {
+                nest_level: level,
+                open: 1,
+                bump: None,
+                written: false,
+            })
+        });
+    }
 }
 
 /// The version of the statement now running; the first call bumps the global version.
-pub fn current() -> i64 {
-    let known = FRAMES.with_borrow_mut(|frames| {
-        discard_abandoned(frames);
-        frames.last().map(|f| f.version)
-    });
-    match known {
+pub fn current() -> Bump {
+    match with_top(|top| top.map(|f| f.bump)) {
         None => SdError::TriggersMissing.raise(),
-        Some(Some(v)) => v,
+        Some(Some(b)) => b,
         Some(None) => {
-            let v = bump();
-            FRAMES.with_borrow_mut(|frames| {
-                if let Some(top) = frames.last_mut() {
-                    top.version = Some(v);
+            let b = bump();
+            with_top(|top| {
+                if let Some(top) = top {
+                    top.bump = Some(b);
                 }
             });
-            v
+            b
         }
     }
 }
 
-/// Closes the statement's frame and returns the version it bumped to, if any.
-pub fn end() -> Option<i64> {
-    FRAMES.with_borrow_mut(|frames| {
-        discard_abandoned(frames);
-        frames.pop().and_then(|f| f.version)
+/// The statement's bump, if it made one.
+pub fn peek() -> Option<Bump> {
+    with_top(|top| top.and_then(|f| f.bump))
+}
+
+/// An AFTER ROW trigger saw one of the statement's rows written.
+pub fn written() {
+    with_top(|top| {
+        if let Some(top) = top {
+            top.written = true;
+        }
+    });
+}
+
+/// Closes one statement trigger pair. When the statement's last pair ends, notifies the version
+/// it bumped to, or takes the bump back if no row was written.
+pub fn end() {
+    let closed = with_top(|top| {
+        let top = top?;
+        top.open = top.open.saturating_sub(1);
+        (top.open == 0).then_some((top.bump, top.written))
+    });
+    let Some((bump, written)) = closed else {
+        return;
+    };
+    FRAMES.with_borrow_mut(|frames| frames.pop());
+    match bump {
+        Some(b) if written => notify(b.version),
+        Some(b) => unbump(b.version),
+        None => {}
+    }
+}
+
+/// The version table's OID; the bump runs as its owner.
+fn version_table() -> pg_sys::Oid {
+    crate::catalog::relation(c"shard_directory_version")
+}
+
+fn bump() -> Bump {
+    privilege::as_owner_of(version_table(), || {
+        let row = spi(
+            "bump shard_directory_version",
+            Spi::connect_mut(|c| {
+                let t = c.update(
+                    "UPDATE shard_directory.shard_directory_version \
+                     SET version = version + 1, updated_at = greatest(clock_timestamp(), updated_at) \
+                     RETURNING version, updated_at",
+                    None,
+                    &[],
+                )?;
+                if t.is_empty() {
+                    return Ok(None);
+                }
+                let row = t.first();
+                Ok::<_, pgrx::spi::SpiError>(
+                    row.get::<i64>(1)?.zip(row.get::<TimestampWithTimeZone>(2)?),
+                )
+            }),
+        );
+        let Some((version, at)) = row else {
+            SdError::SingletonMissing {
+                table: "shard_directory_version",
+            }
+            .raise()
+        };
+        Bump { version, at }
     })
 }
 
-fn bump() -> i64 {
-    Spi::connect_mut(|c| {
-        c.update(
-            "UPDATE shard_directory.shard_directory_version \
-             SET version = version + 1, updated_at = now() RETURNING version",
-            None,
-            &[],
-        )?
-        .first()
-        .get_one::<i64>()
-    })
-    .expect("bump shard_directory_version")
-    .expect("shard_directory_version has its row")
+/// Takes back `version` if it is still the latest (a deeper statement may have bumped past it;
+/// then the gap stays, which clients read as a change that was not one).
+fn unbump(version: i64) {
+    privilege::as_owner_of(version_table(), || {
+        writer::as_writer(Writer::Unbump, || {
+            spi(
+                "take back an unused version",
+                Spi::run_with_args(
+                    "UPDATE shard_directory.shard_directory_version SET version = version - 1 \
+                     WHERE version = $1",
+                    &[version.into()],
+                ),
+            )
+        })
+    });
+}
+
+/// Raises the version to at least `version` (a restore); never lowers it. `at`, the restored
+/// version row's time, is taken as it was dumped.
+pub fn raise_to(version: i64, at: Option<TimestampWithTimeZone>) {
+    privilege::as_owner_of(version_table(), || {
+        writer::as_writer(Writer::Restore, || {
+            spi(
+                "raise the version to a restored one",
+                Spi::run_with_args(
+                    "UPDATE shard_directory.shard_directory_version \
+                     SET version = $1, updated_at = coalesce($2, greatest(clock_timestamp(), updated_at)) \
+                     WHERE version < $1 OR (version = $1 AND $2 IS NOT NULL)",
+                    &[version.into(), at.into()],
+                ),
+            )
+        })
+    });
 }
 
 /// `pg_notify` has no C entry point in pgrx: go through SQL. Delivered at commit only.
 pub fn notify(version: i64) {
-    Spi::run_with_args(
-        "SELECT pg_catalog.pg_notify('shard_directory', $1)",
-        &[version.to_string().into()],
-    )
-    .expect("pg_notify");
+    spi(
+        "notify shard_directory",
+        Spi::run_with_args(
+            "SELECT pg_catalog.pg_notify('shard_directory', $1)",
+            &[version.to_string().into()],
+        ),
+    );
 }
 
 /// Called by `crate::xact` when the transaction ends: no frame outlives its transaction.

@@ -114,6 +114,18 @@ pub fn check_insert(entity: &EntityKey, new: &Placement) -> Result<Transition, S
     }
 }
 
+/// A restored entry may be in any well-formed placement: it was valid when it was dumped.
+pub fn check_restore(entity: &EntityKey, new: &Placement) -> Result<Transition, SdError> {
+    if well_formed(new) {
+        Ok(Transition::Insert)
+    } else {
+        Err(SdError::InvalidInsert {
+            entity: entity.clone(),
+            to: new.clone(),
+        })
+    }
+}
+
 pub fn check_delete(entity: &EntityKey, old: &Placement) -> Result<Transition, SdError> {
     if old.state == State::Active {
         Ok(Transition::Delete)

@@ -1,31 +1,51 @@
 //! The native triggers on the directory's tables. Each one is thin: the rules are in
-//! `transition`, the version in `statement`, history in `history`.
+//! `transition`, the version in `statement`, history in `history`. Each refuses to run on any
+//! table but its own.
+
+use std::ffi::CStr;
 
 use pgrx::prelude::*;
 
 use super::row::Entry;
 use super::transition::{self, Transition};
+use super::writer::{self, Writer};
 use super::{history, statement};
-use crate::error::SdError;
-use crate::guc;
-use crate::TriggerResult;
+use crate::error::{spi, SdError};
+use crate::{catalog, guc, privilege, TriggerResult};
 
 fn now() -> TimestampWithTimeZone {
-    TimestampWithTimeZone::try_from(unsafe { pg_sys::GetCurrentTransactionStartTimestamp() })
-        .expect("transaction start is a valid timestamp")
+    spi(
+        "transaction start",
+        TimestampWithTimeZone::try_from(unsafe { pg_sys::GetCurrentTransactionStartTimestamp() }),
+    )
 }
 
-fn current_user() -> String {
+fn role_name(role: pg_sys::Oid) -> String {
     unsafe {
-        let name = pg_sys::GetUserNameFromId(pg_sys::GetUserId(), false);
-        std::ffi::CStr::from_ptr(name)
-            .to_string_lossy()
-            .into_owned()
+        let name = pg_sys::GetUserNameFromId(role, false);
+        CStr::from_ptr(name).to_string_lossy().into_owned()
     }
 }
 
 fn op(trigger: &PgTrigger<'_>) -> PgTriggerOperation {
-    trigger.op().expect("trigger operation")
+    spi("trigger operation", trigger.op())
+}
+
+/// The trigger's table, after checking it is `table`.
+fn own_table(trigger: &PgTrigger<'_>, function: &'static str, table: &'static CStr) -> pg_sys::Oid {
+    let relation = trigger.trigger_data().tg_relation;
+    catalog::require_own_table(relation, function, table);
+    unsafe { (*relation).rd_id }
+}
+
+/// Whether the role running the statement owns `relid` (or is a superuser): only such a role
+/// restores rows from a dump.
+fn owns(relid: pg_sys::Oid) -> bool {
+    unsafe { pg_sys::pg_class_ownercheck(relid, privilege::current_role()) }
+}
+
+fn version_of<A: pgrx::WhoAllocated>(t: &PgHeapTuple<'_, A>) -> i64 {
+    spi("version", t.get_by_name::<i64>("version")).unwrap_or(0)
 }
 
 /// The transition a row change makes, or the error that refuses it. Called before the write
@@ -47,25 +67,62 @@ fn classify(
             }
             transition::check_update(&n.key, &o.placement, &n.placement, guc::ALLOW_REPOINT.get())?
         }
-        (None, None) => unreachable!("row trigger without a row"),
+        (None, None) => {
+            return Err(SdError::TriggerMisused {
+                function: "shard_directory_guard",
+                table: "a statement-level trigger".into(),
+            })
+        }
     };
     Ok((old, new, transition))
 }
 
+/// An update that leaves shard, state, target and region as they were changes nothing.
+fn unchanged(old: &Option<Entry>, new: &Option<Entry>) -> bool {
+    matches!((old, new), (Some(o), Some(n)) if o.placement == n.placement && o.region == n.region)
+}
+
 /// BEFORE STATEMENT: opens the statement's version frame.
 #[pg_trigger]
-fn shard_directory_statement_begin<'a>(_trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
+fn shard_directory_statement_begin<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
+    own_table(
+        trigger,
+        "shard_directory_statement_begin",
+        c"shard_directory",
+    );
     statement::begin();
     Ok(None)
+}
+
+/// An entry inserted with its version already stamped by the table's owner is a restore (a
+/// `pg_dump` being loaded): it is kept as it was, and the global version rises to cover it.
+fn restore(new: &Entry, version: i64) {
+    if let Err(e) = transition::check_restore(&new.key, &new.placement) {
+        e.raise()
+    }
+    new.check_shards().unwrap_or_else(|e| e.raise());
+    statement::raise_to(version, None);
 }
 
 /// BEFORE ROW: the state machine, the shard registry and region rule, then the version stamp and
 /// who/when, which no writer can forge.
 #[pg_trigger]
 fn shard_directory_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
+    let relid = own_table(trigger, "shard_directory_guard", c"shard_directory");
+    if let (PgTriggerOperation::Insert, Some(tuple)) = (op(trigger), trigger.new()) {
+        let version = version_of(&tuple);
+        if version > 0 && owns(relid) {
+            restore(&Entry::read(&tuple), version);
+            return Ok(Some(tuple.into_owned()));
+        }
+    }
     let (old, new, _) = classify(trigger).unwrap_or_else(|e| e.raise());
-    let version = statement::current();
-    let Some(new) = new else {
+    if unchanged(&old, &new) {
+        // Keep the stored row as it is: nothing to version, nothing to record.
+        return Ok(trigger.old().map(PgHeapTuple::into_owned));
+    }
+    let bump = statement::current();
+    let (Some(new), Some(tuple)) = (new, trigger.new()) else {
         return Ok(trigger.old().map(PgHeapTuple::into_owned));
     };
     let placement_changed = old
@@ -74,86 +131,180 @@ fn shard_directory_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     if placement_changed {
         new.check_shards().unwrap_or_else(|e| e.raise());
     }
-    let mut tuple = trigger.new().expect("row trigger has NEW").into_owned();
-    tuple.set_by_name("version", version)?;
-    tuple.set_by_name("updated_at", now())?;
-    tuple.set_by_name("updated_by", current_user())?;
+    let mut tuple = tuple.into_owned();
+    spi("stamp version", tuple.set_by_name("version", bump.version));
+    spi("stamp updated_at", tuple.set_by_name("updated_at", now()));
+    spi(
+        "stamp updated_by",
+        tuple.set_by_name("updated_by", role_name(privilege::current_role())),
+    );
     Ok(Some(tuple))
 }
 
 /// AFTER ROW: one history row per changed entry, with the transition it made.
 #[pg_trigger]
 fn shard_directory_record_history<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
+    own_table(
+        trigger,
+        "shard_directory_record_history",
+        c"shard_directory",
+    );
+    if let (PgTriggerOperation::Insert, Some(tuple)) = (op(trigger), trigger.new()) {
+        // An insert the statement did not stamp is a restored entry: its history is restored too.
+        let stamped = version_of(&tuple);
+        if statement::peek().is_none_or(|b| b.version != stamped) {
+            return Ok(None);
+        }
+    }
     let (old, new, transition) = classify(trigger).unwrap_or_else(|e| e.raise());
-    let version = match &new {
-        Some(_) => trigger
-            .new()
-            .and_then(|t| t.get_by_name::<i64>("version").ok().flatten())
-            .expect("stamped version"),
-        None => statement::current(),
-    };
-    history::record(old.as_ref(), new.as_ref(), transition, version);
+    if unchanged(&old, &new) {
+        return Ok(None);
+    }
+    let bump = statement::current();
+    statement::written();
+    history::record(
+        old.as_ref(),
+        &new,
+        transition,
+        bump,
+        &role_name(privilege::current_role()),
+    );
     Ok(None)
 }
 
 /// AFTER STATEMENT (the guide's `shard_directory_changed`): notify the new version, if any.
 #[pg_trigger]
-fn notify_directory_change<'a>(_trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
-    if let Some(version) = statement::end() {
-        statement::notify(version);
-    }
+fn notify_directory_change<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
+    own_table(trigger, "notify_directory_change", c"shard_directory");
+    statement::end();
     Ok(None)
 }
 
-/// BEFORE TRUNCATE on the directory's tables: a truncate would bypass versioning and history.
+/// BEFORE TRUNCATE on the extension's tables: a truncate would bypass versioning and history
+/// (directory) or drop every fence at once (shard).
 #[pg_trigger]
 fn shard_directory_refuse_truncate<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
-    let table = trigger.table_name().unwrap_or_default();
-    SdError::TruncateRefused {
-        table: format!("shard_directory.{table}"),
+    let relid = unsafe { (*trigger.trigger_data().tg_relation).rd_id };
+    let schema = unsafe { pg_sys::get_namespace_oid(c"shard_directory".as_ptr(), true) };
+    let table = catalog::relation_name(relid);
+    if unsafe { pg_sys::get_rel_namespace(relid) } != schema {
+        SdError::TriggerMisused {
+            function: "shard_directory_refuse_truncate",
+            table,
+        }
+        .raise();
     }
-    .raise()
+    SdError::TruncateRefused { table }.raise()
 }
 
-/// BEFORE ROW on `shard_directory_version`: one row, only moving forward.
+/// BEFORE ROW on `shard_directory_version`: one row, moving forward by exactly one bump. The
+/// table's owner restoring a dump raises it to the restored value (never lowers it).
 #[pg_trigger]
 fn shard_directory_version_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
-    let version = |t: Option<PgHeapTuple<'a, _>>| {
-        t.and_then(|t| t.get_by_name::<i64>("version").ok().flatten())
-            .unwrap_or(i64::MIN)
-    };
+    let relid = own_table(
+        trigger,
+        "shard_directory_version_guard",
+        c"shard_directory_version",
+    );
     match op(trigger) {
         PgTriggerOperation::Update => {
-            let (from, to) = (version(trigger.old()), version(trigger.new()));
-            if to <= from {
+            let (from, to) = (
+                trigger.old().map_or(0, |t| version_of(&t)),
+                trigger.new().map_or(0, |t| version_of(&t)),
+            );
+            let allowed = to == from + 1
+                || (writer::writing(Writer::Unbump) && to == from - 1)
+                || (writer::writing(Writer::Restore) && to >= from);
+            if !allowed {
                 SdError::VersionRegression { from, to }.raise();
             }
             Ok(trigger.new().map(PgHeapTuple::into_owned))
+        }
+        PgTriggerOperation::Insert if owns(relid) => {
+            let new = trigger.new();
+            statement::raise_to(
+                new.as_ref().map_or(0, version_of),
+                new.and_then(|t| spi("updated_at", t.get_by_name("updated_at"))),
+            );
+            Ok(None)
         }
         PgTriggerOperation::Insert => SdError::VersionRowFixed { op: "INSERT" }.raise(),
         _ => SdError::VersionRowFixed { op: "DELETE" }.raise(),
     }
 }
 
-/// BEFORE ROW on `shard_directory_history`: only the history trigger inserts, only
-/// `purge_history` deletes, nothing updates.
+/// BEFORE ROW on `shard_directory_history`: only the table's owner inserts (the history trigger
+/// acting for a writer, or a restore), only `purge_history` deletes, nothing updates.
 #[pg_trigger]
 fn shard_directory_history_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
-    let allowed = match op(trigger) {
-        PgTriggerOperation::Insert => history::writing(history::Writer::Recorder),
-        PgTriggerOperation::Delete => history::writing(history::Writer::Purge),
-        _ => false,
+    let relid = own_table(
+        trigger,
+        "shard_directory_history_guard",
+        c"shard_directory_history",
+    );
+    let (allowed, name) = match op(trigger) {
+        PgTriggerOperation::Insert => (owns(relid), "INSERT"),
+        PgTriggerOperation::Delete => (writer::writing(Writer::Purge), "DELETE"),
+        _ => (false, "UPDATE"),
     };
     if !allowed {
-        let op = match op(trigger) {
-            PgTriggerOperation::Insert => "INSERT",
-            PgTriggerOperation::Delete => "DELETE",
-            _ => "UPDATE",
-        };
-        SdError::HistoryAppendOnly { op }.raise();
+        SdError::HistoryAppendOnly { op: name }.raise();
     }
     Ok(trigger
         .new()
         .or_else(|| trigger.old())
         .map(PgHeapTuple::into_owned))
+}
+
+/// BEFORE UPDATE on `shards`: a shard's new region must still hold every entry placed on it (or
+/// moving to it) that has a region of its own.
+#[pg_trigger]
+fn shards_region_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
+    own_table(trigger, "shards_region_guard", c"shards");
+    let region = |t: Option<PgHeapTuple<'a, pgrx::AllocatedByPostgres>>| {
+        t.and_then(|t| spi("region", t.get_by_name::<String>("region")))
+    };
+    let shard = trigger
+        .new()
+        .and_then(|t| spi("shard_name", t.get_by_name::<String>("shard_name")))
+        .unwrap_or_default();
+    if let Some(new_region) =
+        region(trigger.new()).filter(|r| Some(r) != region(trigger.old()).as_ref())
+    {
+        let misplaced = privilege::as_owner_of(catalog::relation(c"shard_directory"), || {
+            spi(
+                "check entries against a shard's region",
+                Spi::connect(|c| {
+                    let t = c.select(
+                        "SELECT entity_type, entity_id, region FROM shard_directory.shard_directory \
+                         WHERE (shard_name = $1 OR target_shard = $1) AND region <> $2 LIMIT 1",
+                        Some(1),
+                        &[shard.as_str().into(), new_region.as_str().into()],
+                    )?;
+                    if t.is_empty() {
+                        return Ok::<_, pgrx::spi::SpiError>(None);
+                    }
+                    let row = t.first();
+                    Ok(Some((
+                        row.get::<String>(1)?.unwrap_or_default(),
+                        row.get::<String>(2)?.unwrap_or_default(),
+                        row.get::<String>(3)?.unwrap_or_default(),
+                    )))
+                }),
+            )
+        });
+        if let Some((entity_type, entity_id, entity_region)) = misplaced {
+            SdError::RegionMismatch {
+                entity: crate::entity::EntityKey {
+                    entity_type,
+                    entity_id,
+                },
+                entity_region,
+                shard,
+                shard_region: new_region,
+            }
+            .raise();
+        }
+    }
+    Ok(trigger.new().map(PgHeapTuple::into_owned))
 }

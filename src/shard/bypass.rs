@@ -23,12 +23,6 @@ fn bypass_fence(entity_type: Option<&str>, entity_id: Option<&str>) {
     PASSING.set(Some(key));
 }
 
-pgrx::extension_sql!(
-    "REVOKE EXECUTE ON FUNCTION shard_directory.bypass_fence(text, text) FROM PUBLIC;",
-    name = "bypass_fence_not_public",
-    requires = [bypass_fence]
-);
-
 /// Whether the row trigger lets `key` through without looking at its fence.
 pub fn passes(key: &EntityKey) -> bool {
     PASSING.with_borrow(|p| p.as_ref() == Some(key))

@@ -1,16 +1,23 @@
 //! The shard-side rule, run on every request: the client's directory version against
 //! `min_accepted`, then against the entity's fence.
 
+use std::ffi::CStr;
+
 use pgrx::prelude::*;
 
 use super::bypass;
-use super::locks::{self, Mode};
+use super::locks;
 use super::state::{self, Fence};
 use super::stats::{self, Counter};
+use crate::catalog;
 use crate::entity::EntityKey;
 use crate::error::SdError;
 use crate::guc::Request;
 use crate::TriggerResult;
+
+/// The names `protect` gives its triggers; the trigger functions run under these names only.
+pub const STATEMENT_TRIGGER: &CStr = c"shard_directory_protect";
+pub const ROW_TRIGGER: &CStr = c"shard_directory_protect_row";
 
 fn refuse(e: SdError) -> ! {
     if let Some(r) = e.rejection() {
@@ -21,8 +28,7 @@ fn refuse(e: SdError) -> ! {
 
 /// Shard-wide: the lock, then `min_accepted`.
 fn check_shard(version: Option<i64>) {
-    stats::count(Counter::Checks);
-    locks::shard_wide(state::tables().settings, Mode::Shared);
+    locks::check(state::tables().settings);
     let minimum = state::min_accepted();
     match version {
         Some(v) if v >= minimum => {}
@@ -30,9 +36,8 @@ fn check_shard(version: Option<i64>) {
     }
 }
 
-/// One entity: its lock, then its fence. `version` has passed `check_shard` already.
+/// One entity's fence. The caller holds the check's lock (`check_shard` took it).
 fn check_entity(key: &EntityKey, version: Option<i64>) {
-    locks::entity(key, Mode::Shared);
     match state::fence(key) {
         Some(Fence::Owned { min_version }) if version.is_none_or(|v| v < min_version) => {
             refuse(SdError::StaleEntity {
@@ -57,12 +62,14 @@ fn check_entity(key: &EntityKey, version: Option<i64>) {
     }
 }
 
+fn request() -> Request {
+    Request::read().unwrap_or_else(|e| refuse(e))
+}
+
 /// The client's declared version (and entity, if it declared one), checked.
 fn check_request() {
-    let request = Request::read().unwrap_or_else(|e| {
-        stats::count(Counter::Checks);
-        refuse(e)
-    });
+    stats::count(Counter::Checks);
+    let request = request();
     check_shard(request.version);
     if let Some(key) = &request.entity {
         check_entity(key, request.version);
@@ -71,65 +78,122 @@ fn check_request() {
 
 /// Raises 40001 when the client's `app.directory_version` is unset or below `min_accepted`, or
 /// when the entity it declared (`app.entity_type`, `app.entity_id`) is frozen, moved, or fenced
-/// above the client's version. Holds shared locks until commit so no fence slips in between.
-#[pg_extern(volatile, parallel_restricted)]
+/// above the client's version. Holds a shared lock until commit so no fence slips in between.
+/// PARALLEL UNSAFE: it reads the latest committed fences, which a parallel operation cannot.
+#[pg_extern(volatile, parallel_unsafe)]
 fn assert_directory_version() {
     check_request();
 }
 
+/// The trigger's name, after checking it is `expected`: the functions are not PUBLIC, and a role
+/// granted them still cannot attach them under another name, which `unprotect`,
+/// `protected_tables()` and the mover would not see.
+fn require_name(trigger: &PgTrigger<'_>, expected: &'static CStr, function: &'static str) {
+    let data = trigger.trigger_data();
+    let name = unsafe { CStr::from_ptr((*data.tg_trigger).tgname) };
+    if name != expected {
+        SdError::TriggerMisused {
+            function,
+            table: catalog::relation_name(unsafe { (*data.tg_relation).rd_id }),
+        }
+        .raise();
+    }
+}
+
+/// The `(key_column, entity_type)` of the table's row trigger, if it has one with arguments.
+fn row_protection(relation: pg_sys::Relation) -> Option<(String, String)> {
+    unsafe {
+        let desc = (*relation).trigdesc;
+        if desc.is_null() {
+            return None;
+        }
+        let triggers = std::slice::from_raw_parts((*desc).triggers, (*desc).numtriggers as usize);
+        triggers.iter().find_map(|t| {
+            (CStr::from_ptr(t.tgname) == ROW_TRIGGER && t.tgnargs == 2).then(|| {
+                let args = std::slice::from_raw_parts(t.tgargs, 2);
+                let arg = |i: usize| CStr::from_ptr(args[i]).to_string_lossy().into_owned();
+                (arg(0), arg(1))
+            })
+        })
+    }
+}
+
 /// Statement trigger installed by `protect(table)`: every INSERT, UPDATE, DELETE and TRUNCATE of
-/// the table is checked as if the application had called `assert_directory_version()`.
+/// the table is checked as if the application had called `assert_directory_version()`. A
+/// TRUNCATE is refused while an entity of the table's type is frozen or moved here: it would
+/// wipe rows that a cutover is carrying, or that a stale client is being sent away from.
 #[pg_trigger]
-pub fn shard_directory_protect_statement<'a>(_trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
+pub fn shard_directory_protect_statement<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
+    require_name(
+        trigger,
+        STATEMENT_TRIGGER,
+        "shard_directory_protect_statement",
+    );
     check_request();
+    let data = trigger.trigger_data();
+    if data.tg_event & pg_sys::TRIGGER_EVENT_OPMASK == pg_sys::TRIGGER_EVENT_TRUNCATE {
+        if let Some((_, entity_type)) = row_protection(data.tg_relation) {
+            if let Some((entity, fence)) = state::frozen_or_moved(&entity_type) {
+                refuse(SdError::TruncateFenced {
+                    table: catalog::relation_name(unsafe { (*data.tg_relation).rd_id }),
+                    entity,
+                    fence,
+                });
+            }
+        }
+    }
     Ok(None)
 }
 
-/// Row trigger installed by `protect(table, key_column, entity_type)`: each row's entity is
-/// checked against its fence with the client's version, so a statement touching a moved tenant's
-/// row is refused whole. The key is read through the column type's output function, so any key
-/// type works.
+/// Row trigger installed by `protect`: AFTER each row is written (so keys filled by BEFORE
+/// triggers and generated columns are what it sees), the shard-wide rule (a write made straight to
+/// a partition has no statement trigger of the parent's), then, when installed with
+/// `(key_column, entity_type)`, the row's entity against its fence, old key and new. A refusal
+/// aborts the statement before it can commit. The key is read through the column type's output
+/// function, so any key type works.
 #[pg_trigger]
 pub fn shard_directory_protect_row<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
-    let args = trigger.extra_args().expect("trigger arguments");
-    let broken = |problem: String| SdError::ProtectionBroken {
-        trigger: format!(
-            "shard_directory_protect_row on {}",
-            trigger.table_name().unwrap_or_default()
-        ),
-        problem,
-    };
-    let [key_column, entity_type] = args.as_slice() else {
-        broken(format!(
-            "expected (key_column, entity_type), found {} arguments",
-            args.len()
-        ))
-        .raise()
-    };
-    let request = Request::read().unwrap_or_else(|e| refuse(e));
+    require_name(trigger, ROW_TRIGGER, "shard_directory_protect_row");
+    let request = request();
+    check_shard(request.version);
     let data = trigger.trigger_data();
+    let trigger_row = unsafe { &*data.tg_trigger };
+    if trigger_row.tgnargs != 2 || trigger_row.tgargs.is_null() {
+        return Ok(None);
+    }
+    let (key_column, entity_type) = unsafe {
+        let args = std::slice::from_raw_parts(trigger_row.tgargs, 2);
+        (CStr::from_ptr(args[0]), CStr::from_ptr(args[1]))
+    };
     let tupdesc = unsafe { (*data.tg_relation).rd_att };
+    let attno = unsafe { pg_sys::SPI_fnumber(tupdesc, key_column.as_ptr()) };
+    if attno <= 0 {
+        SdError::ProtectionBroken {
+            trigger: format!(
+                "shard_directory_protect_row on {}",
+                catalog::relation_name(unsafe { (*data.tg_relation).rd_id })
+            ),
+            problem: format!(
+                "key column \"{}\" no longer exists",
+                key_column.to_string_lossy()
+            ),
+        }
+        .raise();
+    }
     let key_of = |tuple: *mut pg_sys::HeapTupleData| -> Option<EntityKey> {
         if tuple.is_null() {
             return None;
         }
-        let column = std::ffi::CString::new(key_column.as_str()).ok()?;
-        unsafe {
-            let attno = pg_sys::SPI_fnumber(tupdesc, column.as_ptr());
-            if attno <= 0 {
-                broken(format!("key column \"{key_column}\" no longer exists")).raise();
-            }
-            let value = pg_sys::SPI_getvalue(tuple, tupdesc, attno);
-            (!value.is_null()).then(|| EntityKey {
-                entity_type: entity_type.clone(),
-                entity_id: std::ffi::CStr::from_ptr(value)
-                    .to_string_lossy()
-                    .into_owned(),
-            })
-        }
+        let value = unsafe { pg_sys::SPI_getvalue(tuple, tupdesc, attno) };
+        (!value.is_null()).then(|| EntityKey {
+            entity_type: entity_type.to_string_lossy().into_owned(),
+            entity_id: unsafe { CStr::from_ptr(value) }
+                .to_string_lossy()
+                .into_owned(),
+        })
     };
-    let event = data.tg_event;
-    let fired_for_update = event & pg_sys::TRIGGER_EVENT_OPMASK == pg_sys::TRIGGER_EVENT_UPDATE;
+    let fired_for_update =
+        data.tg_event & pg_sys::TRIGGER_EVENT_OPMASK == pg_sys::TRIGGER_EVENT_UPDATE;
     let old = key_of(data.tg_trigtuple);
     let new = if fired_for_update {
         key_of(data.tg_newtuple)
@@ -138,12 +202,8 @@ pub fn shard_directory_protect_row<'a>(trigger: &'a PgTrigger<'a>) -> TriggerRes
     };
     let mut keys: Vec<EntityKey> = old.into_iter().chain(new).collect();
     keys.dedup();
-    // The statement trigger that `protect` installs with this one has checked the shard-wide rule.
     for key in keys.iter().filter(|k| !bypass::passes(k)) {
         check_entity(key, request.version);
     }
-    Ok(trigger
-        .new()
-        .or_else(|| trigger.old())
-        .map(PgHeapTuple::into_owned))
+    Ok(None)
 }

@@ -1,21 +1,33 @@
 //! The DBA's shard-side controls: `raise_min_accepted` and the per-entity fences, plus the
 //! triggers that make any change to `shard_settings` / `shard_fences` (through these functions or
 //! by hand) take the exclusive lock and invalidate every backend's cached copy at commit.
+//!
+//! None of these functions is executable by PUBLIC; a role granted EXECUTE needs no privilege on
+//! the tables: the functions write them as their owner.
 
 use pgrx::prelude::*;
 
-use super::locks::{self, Mode};
+use super::locks;
 use super::state;
 use crate::entity::EntityKey;
-use crate::error::{required, SdError};
-use crate::TriggerResult;
+use crate::error::{required, spi, SdError};
+use crate::{catalog, privilege, TriggerResult};
+
+/// Runs an SPI write on the shard's tables as their owner.
+fn write(during: &'static str, sql: &str, args: &[pgrx::datum::DatumWithOid]) {
+    privilege::as_owner_of(state::tables().settings, || {
+        spi(during, Spi::run_with_args(sql, args))
+    });
+}
 
 /// Raises the shard-wide minimum version. Waits for the checked transactions in flight; refuses
 /// a value that is not above the current minimum.
 #[pg_extern(volatile)]
 fn raise_min_accepted(v: Option<i64>) -> i64 {
     let v = required(v, "v");
-    locks::shard_wide(state::tables().settings, Mode::Exclusive);
+    locks::exclusive(state::tables().settings, || {
+        format!("raise_min_accepted({v})")
+    });
     let current = state::min_accepted();
     if v <= current {
         SdError::MinAcceptedNotRaised {
@@ -24,17 +36,18 @@ fn raise_min_accepted(v: Option<i64>) -> i64 {
         }
         .raise();
     }
-    Spi::run_with_args(
+    write(
+        "update shard_settings",
         "UPDATE shard_directory.shard_settings SET min_accepted = $1, updated_at = now()",
         &[v.into()],
-    )
-    .expect("update shard_settings");
+    );
     v
 }
 
 /// Upserts the entity's fence; the row trigger takes the entity's exclusive lock.
 fn set_fence(key: EntityKey, fence_state: &str, min_version: Option<i64>, moved_to: Option<&str>) {
-    Spi::run_with_args(
+    write(
+        "set fence",
         "INSERT INTO shard_directory.shard_fences AS f (entity_type, entity_id, state, min_version, moved_to) \
          VALUES ($1, $2, $3, coalesce($4, 0), $5) \
          ON CONFLICT (entity_type, entity_id) DO UPDATE \
@@ -47,8 +60,7 @@ fn set_fence(key: EntityKey, fence_state: &str, min_version: Option<i64>, moved_
             min_version.into(),
             moved_to.into(),
         ],
-    )
-    .expect("set fence");
+    );
 }
 
 /// The entity lives here; clients below `min_version` are refused for it.
@@ -96,14 +108,14 @@ fn fence_moved(
 #[pg_extern(volatile)]
 fn unfence(entity_type: Option<&str>, entity_id: Option<&str>) {
     let key = EntityKey::from_args(entity_type, entity_id);
-    Spi::run_with_args(
+    write(
+        "unfence",
         "DELETE FROM shard_directory.shard_fences WHERE entity_type = $1 AND entity_id = $2",
         &[
             key.entity_type.as_str().into(),
             key.entity_id.as_str().into(),
         ],
-    )
-    .expect("unfence");
+    );
 }
 
 fn invalidate(relid: pg_sys::Oid) {
@@ -111,54 +123,80 @@ fn invalidate(relid: pg_sys::Oid) {
 }
 
 /// BEFORE ROW on `shard_settings`: one row, `min_accepted` never lowered, exclusive lock, and
-/// every backend's cached value invalidated at commit.
+/// every backend's cached value invalidated at commit. The table's owner restoring a dump raises
+/// `min_accepted` to the restored value (never lowers it).
 #[pg_trigger]
 pub fn shard_settings_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
+    catalog::require_own_table(
+        trigger.trigger_data().tg_relation,
+        "shard_settings_guard",
+        c"shard_settings",
+    );
     let min = |t: Option<PgHeapTuple<'a, _>>| {
-        t.and_then(|t| t.get_by_name::<i64>("min_accepted").ok().flatten())
+        t.and_then(|t| spi("min_accepted", t.get_by_name::<i64>("min_accepted")))
             .unwrap_or(0)
     };
-    match trigger.op().expect("trigger op") {
+    let tables = state::tables();
+    match spi("trigger operation", trigger.op()) {
         PgTriggerOperation::Update => {
-            let tables = state::tables();
-            locks::shard_wide(tables.settings, Mode::Exclusive);
             let (current, requested) = (min(trigger.old()), min(trigger.new()));
+            locks::exclusive(tables.settings, || {
+                format!("UPDATE of shard_settings.min_accepted to {requested}")
+            });
             if requested < current {
                 SdError::MinAcceptedNotRaised { requested, current }.raise();
             }
             invalidate(tables.settings);
             Ok(trigger.new().map(PgHeapTuple::into_owned))
         }
+        PgTriggerOperation::Insert
+            if unsafe {
+                pg_sys::pg_class_ownercheck(tables.settings, privilege::current_role())
+            } =>
+        {
+            let at = trigger.new().and_then(|t| {
+                spi(
+                    "updated_at",
+                    t.get_by_name::<TimestampWithTimeZone>("updated_at"),
+                )
+            });
+            write(
+                "restore shard_settings",
+                "UPDATE shard_directory.shard_settings SET min_accepted = $1, updated_at = coalesce($2, updated_at) \
+                 WHERE min_accepted <= $1",
+                &[min(trigger.new()).into(), at.into()],
+            );
+            Ok(None)
+        }
         PgTriggerOperation::Insert => SdError::SettingsRowFixed { op: "INSERT" }.raise(),
         _ => SdError::SettingsRowFixed { op: "DELETE" }.raise(),
     }
 }
 
-/// BEFORE ROW on `shard_fences`: the entity's exclusive lock (old and new key), and every
-/// backend's cached fences invalidated at commit.
+/// BEFORE ROW on `shard_fences`: the exclusive lock, and every backend's cached fences
+/// invalidated at commit.
 #[pg_trigger]
 pub fn shard_fences_changed<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
-    let key_of = |t: Option<PgHeapTuple<'a, _>>| {
-        t.map(|t| EntityKey {
-            entity_type: t
-                .get_by_name::<String>("entity_type")
-                .ok()
-                .flatten()
-                .unwrap_or_default(),
-            entity_id: t
-                .get_by_name::<String>("entity_id")
-                .ok()
-                .flatten()
-                .unwrap_or_default(),
-        })
-    };
-    for key in [key_of(trigger.old()), key_of(trigger.new())]
-        .into_iter()
-        .flatten()
-    {
-        locks::entity(&key, Mode::Exclusive);
-    }
-    invalidate(state::tables().fences);
+    catalog::require_own_table(
+        trigger.trigger_data().tg_relation,
+        "shard_fences_changed",
+        c"shard_fences",
+    );
+    let tables = state::tables();
+    locks::exclusive(tables.settings, || {
+        let key = trigger.new().or_else(|| trigger.old()).map(|t| {
+            let text = |c: &str| spi("fence key", t.get_by_name::<String>(c)).unwrap_or_default();
+            EntityKey {
+                entity_type: text("entity_type"),
+                entity_id: text("entity_id"),
+            }
+        });
+        match key {
+            Some(key) => format!("fence change for {key}"),
+            None => "fence change".to_owned(),
+        }
+    });
+    invalidate(tables.fences);
     Ok(trigger
         .new()
         .or_else(|| trigger.old())

@@ -1,56 +1,81 @@
-//! Transaction-level locks that order checks against fences.
+//! One lock orders every check against every change of `min_accepted` or of a fence.
 //!
-//! A check holds a shared lock on the shard-wide setting (a row-share lock on `shard_settings`,
-//! which PostgreSQL takes on its fast path) and, for an entity, a shared lock on that entity, until
-//! commit. Raising `min_accepted` takes the exclusive lock on `shard_settings`; fencing an entity
-//! takes the exclusive lock on the entity. So a fence waits for the checked transactions already
-//! in flight, and a check that starts after the fence began waits for it to commit, then reads it.
-
-use std::hash::{DefaultHasher, Hash, Hasher};
+//! A check holds ROW SHARE on `shard_settings` until its transaction ends: a weak relation lock
+//! that PostgreSQL grants on the backend's fast path, so it takes no shared lock-table entry
+//! however many entities a transaction writes. Raising `min_accepted` and changing a fence take
+//! EXCLUSIVE on the same table: they wait for the checked transactions in flight, and a check
+//! that starts meanwhile waits for the change to commit, then sees it. The price is that a fence
+//! change waits for every checked transaction of the shard, not only its entity's, and holds new
+//! ones back while it waits; `shard_directory.fence_wait_timeout` bounds that wait.
 
 use pgrx::pg_sys;
+use pgrx::pg_sys::panic::CaughtError;
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode;
 
-use crate::entity::EntityKey;
+use crate::error::{spi, SdError};
+use crate::{guc, privilege};
 
-/// `locktag_field4` of our entity locks: advisory locks taken with `pg_advisory_*` use 1 or 2, so
-/// ours never collide with an application's.
-const ENTITY_LOCK_SPACE: u16 = 0x5344;
-
-#[derive(Clone, Copy)]
-pub enum Mode {
-    Shared,
-    Exclusive,
+/// Holds the check's lock until the end of the transaction; a change committed before it was
+/// granted has reached this backend's invalidations when it returns.
+pub fn check(settings: pg_sys::Oid) {
+    unsafe { pg_sys::LockRelationOid(settings, pg_sys::RowShareLock as pg_sys::LOCKMODE) };
 }
 
-/// Locks the shard-wide setting; also processes pending cache invalidations.
-pub fn shard_wide(settings: pg_sys::Oid, mode: Mode) {
-    let lockmode = match mode {
-        Mode::Shared => pg_sys::RowShareLock,
-        Mode::Exclusive => pg_sys::ExclusiveLock,
-    };
-    unsafe { pg_sys::LockRelationOid(settings, lockmode as pg_sys::LOCKMODE) };
-}
-
-/// Locks one entity until the end of the transaction, then processes pending invalidations so a
-/// fence committed while we waited is seen.
-pub fn entity(key: &EntityKey, mode: Mode) {
-    let mut h = DefaultHasher::new();
-    key.hash(&mut h);
-    let hash = h.finish();
-    let tag = pg_sys::LOCKTAG {
-        locktag_field1: unsafe { pg_sys::MyDatabaseId }.to_u32(),
-        locktag_field2: (hash >> 32) as u32,
-        locktag_field3: hash as u32,
-        locktag_field4: ENTITY_LOCK_SPACE,
-        locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
-        locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
-    };
-    let lockmode = match mode {
-        Mode::Shared => pg_sys::ShareLock,
-        Mode::Exclusive => pg_sys::ExclusiveLock,
-    };
-    unsafe {
-        pg_sys::LockAcquire(&tag, lockmode as pg_sys::LOCKMODE, false, false);
-        pg_sys::AcceptInvalidationMessages();
+/// Takes the exclusive lock for `what` (a fence change, a raise), waiting at most
+/// `shard_directory.fence_wait_timeout`; past it, an error naming the backends it waited for.
+pub fn exclusive(settings: pg_sys::Oid, what: impl FnOnce() -> String) {
+    let mode = pg_sys::ExclusiveLock as pg_sys::LOCKMODE;
+    if unsafe { pg_sys::ConditionalLockRelationOid(settings, mode) } {
+        return;
     }
+    let (what, blockers) = (what(), holders(settings));
+    let timeout = guc::FENCE_WAIT_TIMEOUT.get();
+    let value = std::ffi::CString::new(timeout.to_string()).unwrap_or_default();
+    let nest = unsafe { pg_sys::NewGUCNestLevel() };
+    unsafe {
+        pg_sys::set_config_option(
+            c"lock_timeout".as_ptr(),
+            value.as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_SAVE,
+            true,
+            0,
+            false,
+        );
+    }
+    PgTryBuilder::new(|| unsafe { pg_sys::LockRelationOid(settings, mode) })
+        .catch_when(
+            PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
+            |_: CaughtError| {
+                SdError::FenceWaitTimeout {
+                    what: what.clone(),
+                    waited_ms: timeout,
+                    blockers: blockers.clone(),
+                }
+                .raise()
+            },
+        )
+        .execute();
+    unsafe { pg_sys::AtEOXact_GUC(true, nest) };
+}
+
+/// The backends holding a lock on `settings` that conflicts with EXCLUSIVE, with their state.
+fn holders(settings: pg_sys::Oid) -> String {
+    let database = unsafe { pg_sys::MyDatabaseId };
+    privilege::as_owner_of(settings, || {
+        spi(
+            "list the transactions a fence waits for",
+            Spi::get_one_with_args::<String>(
+                "SELECT string_agg(format('pid %s (%s)', l.pid, coalesce(a.state, 'unknown')), ', ' ORDER BY l.pid) \
+                 FROM (SELECT DISTINCT pid FROM pg_catalog.pg_locks \
+                       WHERE locktype = 'relation' AND database = $1 AND relation = $2 AND granted \
+                         AND mode <> 'AccessShareLock' AND pid <> pg_catalog.pg_backend_pid()) l \
+                 LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid",
+                &[database.into(), settings.into()],
+            ),
+        )
+    })
+    .unwrap_or_else(|| "none left by the time it looked".to_owned())
 }

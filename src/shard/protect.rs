@@ -1,62 +1,137 @@
 //! `protect` / `unprotect`: native enforcement triggers on application tables, so every write is
 //! checked without the application calling anything.
+//!
+//! The trigger functions are not executable by PUBLIC, so `protect` creates the triggers as the
+//! owner of the extension's tables, after checking that the caller holds TRIGGER on the table
+//! (what `CREATE TRIGGER` itself asks). A partitioned table's row trigger is cloned by PostgreSQL
+//! onto every partition, present and future; the statement trigger (which also refuses TRUNCATE)
+//! is installed on each present partition.
 
 use pgrx::prelude::*;
 use pgrx::PgRelation;
 
-use crate::error::{required, SdError};
+use super::check::{ROW_TRIGGER, STATEMENT_TRIGGER};
+use super::state;
+use crate::error::{required, spi, SdError};
+use crate::{catalog, privilege};
 
-/// Drops only the triggers that exist, so `protect` twice and `unprotect` say nothing.
-const DROP: &str =
-    "SELECT coalesce(string_agg(format('DROP TRIGGER %I ON %s', tgname, $1::regclass), '; '), '') \
-                    FROM pg_catalog.pg_trigger WHERE tgrelid = $1 \
-                    AND tgname IN ('shard_directory_protect', 'shard_directory_protect_row')";
+/// The table and its partitions, parents first.
+const TREE: &str = "SELECT coalesce(array_agg(relid ORDER BY level), ARRAY[$1::regclass]) \
+                    FROM pg_catalog.pg_partition_tree($1)";
 
 fn run_generated(generator: &str, args: &[pgrx::datum::DatumWithOid]) {
-    Spi::connect_mut(|c| {
-        let ddl = c
-            .select(generator, Some(1), args)?
-            .first()
-            .get_one::<String>()?
-            .expect("generated DDL");
-        c.update(ddl.as_str(), None, &[]).map(|_| ())
-    })
-    .expect("protect DDL");
+    spi(
+        "protect DDL",
+        Spi::connect_mut(|c| {
+            let ddl = c
+                .select(generator, Some(1), args)?
+                .first()
+                .get_one::<String>()?
+                .unwrap_or_default();
+            if ddl.is_empty() {
+                return Ok(());
+            }
+            c.update(ddl.as_str(), None, &[]).map(|_| ())
+        }),
+    );
 }
 
-fn install(table: PgRelation, rows: Option<(&str, &str)>) {
+/// Checks the caller may put triggers on `table`, then runs `f` as the extension's owner.
+fn as_protector(table: &PgRelation, f: impl FnOnce(pg_sys::Oid)) {
     let oid = table.oid();
-    run_generated(DROP, &[oid.into()]);
+    let role = privilege::current_role();
+    if !privilege::has_table_privilege(oid, role, pg_sys::ACL_TRIGGER) {
+        SdError::ProtectNotAllowed {
+            table: catalog::relation_name(oid),
+            role: unsafe {
+                std::ffi::CStr::from_ptr(pg_sys::GetUserNameFromId(role, false))
+                    .to_string_lossy()
+                    .into_owned()
+            },
+        }
+        .raise();
+    }
+    let kind = unsafe { (*table.rd_rel).relkind } as u8;
+    if kind != pg_sys::RELKIND_RELATION && kind != pg_sys::RELKIND_PARTITIONED_TABLE {
+        SdError::NotATable {
+            table: catalog::relation_name(oid),
+        }
+        .raise();
+    }
+    privilege::as_owner_of(state::tables().settings, || f(oid));
+}
+
+/// Drops the triggers `protect` made on the table and its partitions (not the clones, which go
+/// with their parent's), so `protect` twice and `unprotect` say nothing.
+fn drop_triggers(oid: pg_sys::Oid) {
     run_generated(
-        "SELECT format('CREATE TRIGGER shard_directory_protect \
-         BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %s \
-         FOR EACH STATEMENT EXECUTE FUNCTION shard_directory.shard_directory_protect_statement()', $1::regclass)",
-        &[oid.into()],
+        &format!(
+            "SELECT coalesce(string_agg(format('DROP TRIGGER %I ON %s', t.tgname, t.tgrelid::regclass), '; '), '') \
+             FROM pg_catalog.pg_trigger t WHERE t.tgrelid = ANY (({TREE})::oid[]) AND t.tgparentid = 0 \
+             AND t.tgname IN ($2, $3)"
+        ),
+        &[
+            oid.into(),
+            STATEMENT_TRIGGER.to_str().unwrap_or_default().into(),
+            ROW_TRIGGER.to_str().unwrap_or_default().into(),
+        ],
     );
-    if let Some((key_column, entity_type)) = rows {
-        let exists = Spi::get_one_with_args::<bool>(
-            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute \
-             WHERE attrelid = $1 AND attname = $2 AND attnum > 0 AND NOT attisdropped)",
-            &[oid.into(), key_column.into()],
+}
+
+fn install(oid: pg_sys::Oid, rows: Option<(&str, &str)>) {
+    drop_triggers(oid);
+    run_generated(
+        &format!(
+            "SELECT string_agg(format('CREATE TRIGGER %I \
+             BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %s \
+             FOR EACH STATEMENT EXECUTE FUNCTION shard_directory.shard_directory_protect_statement()', $2, p), '; ') \
+             FROM unnest(({TREE})::regclass[]) p"
+        ),
+        &[oid.into(), STATEMENT_TRIGGER.to_str().unwrap_or_default().into()],
+    );
+    if let Some((key_column, _)) = rows {
+        let exists = spi(
+            "look up key column",
+            Spi::get_one_with_args::<bool>(
+                "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute \
+                 WHERE attrelid = $1 AND attname = $2 AND attnum > 0 AND NOT attisdropped)",
+                &[oid.into(), key_column.into()],
+            ),
         )
-        .expect("look up key column")
         .unwrap_or(false);
         if !exists {
-            let table =
-                Spi::get_one_with_args::<String>("SELECT $1::regclass::text", &[oid.into()])
-                    .expect("table name")
-                    .unwrap_or_default();
             SdError::UnknownColumn {
-                table,
+                table: catalog::relation_name(oid),
                 column: key_column.to_owned(),
             }
             .raise();
         }
+    }
+    let partitioned = spi(
+        "look up the table's kind",
+        Spi::get_one_with_args::<bool>(
+            "SELECT relkind = 'p' FROM pg_catalog.pg_class WHERE oid = $1",
+            &[oid.into()],
+        ),
+    )
+    .unwrap_or(false);
+    let args = match rows {
+        Some((key_column, entity_type)) => Some(vec![key_column, entity_type]),
+        // The statement trigger does not reach writes made straight to a partition.
+        None if partitioned => Some(vec![]),
+        None => None,
+    };
+    if let Some(args) = args {
         run_generated(
-            "SELECT format('CREATE TRIGGER shard_directory_protect_row \
-             BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW \
-             EXECUTE FUNCTION shard_directory.shard_directory_protect_row(%L, %L)', $1::regclass, $2, $3)",
-            &[oid.into(), key_column.into(), entity_type.into()],
+            "SELECT format('CREATE TRIGGER %I \
+             AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW \
+             EXECUTE FUNCTION shard_directory.shard_directory_protect_row(%s)', $2, $1::regclass, \
+             (SELECT coalesce(string_agg(quote_literal(a), ', '), '') FROM unnest($3::text[]) a))",
+            &[
+                oid.into(),
+                ROW_TRIGGER.to_str().unwrap_or_default().into(),
+                args.into(),
+            ],
         );
     }
 }
@@ -65,7 +140,7 @@ fn install(table: PgRelation, rows: Option<(&str, &str)>) {
 /// version (and its declared entity). Protecting twice is harmless.
 #[pg_extern(volatile, name = "protect")]
 fn protect(tbl: PgRelation) {
-    install(tbl, None);
+    as_protector(&tbl, |oid| install(oid, None));
 }
 
 /// As `protect(tbl)`, and each row's `key_column` is checked as an entity of `entity_type`
@@ -74,11 +149,11 @@ fn protect(tbl: PgRelation) {
 fn protect_rows(tbl: PgRelation, key_column: Option<&str>, entity_type: Option<&str>) {
     let key_column = required(key_column, "key_column");
     let entity_type = required(entity_type, "entity_type");
-    install(tbl, Some((key_column, entity_type)));
+    as_protector(&tbl, |oid| install(oid, Some((key_column, entity_type))));
 }
 
-/// Removes what `protect` installed on `tbl`.
+/// Removes what `protect` installed on `tbl` and its partitions.
 #[pg_extern(volatile)]
 fn unprotect(tbl: PgRelation) {
-    run_generated(DROP, &[tbl.oid().into()]);
+    as_protector(&tbl, drop_triggers);
 }

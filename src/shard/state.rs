@@ -17,7 +17,8 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use crate::entity::EntityKey;
-use crate::error::SdError;
+use crate::error::{spi, SdError};
+use crate::{catalog, privilege};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fence {
@@ -77,40 +78,32 @@ fn with_cache<R>(f: impl FnOnce(&mut Cache) -> R) -> R {
     })
 }
 
-fn relation(name: &CStr) -> pg_sys::Oid {
-    unsafe {
-        let ns = pg_sys::get_namespace_oid(c"shard_directory".as_ptr(), false);
-        let oid = pg_sys::get_relname_relid(name.as_ptr(), ns);
-        if oid == pg_sys::InvalidOid {
-            SdError::ObjectMissing {
-                name: name.to_string_lossy().into_owned(),
-            }
-            .raise();
-        }
-        oid
-    }
-}
-
 /// The OIDs of `shard_settings` and `shard_fences` in this database.
 pub fn tables() -> Tables {
     if let Some(t) = with_cache(|c| c.tables) {
         return t;
     }
     let t = Tables {
-        settings: relation(c"shard_settings"),
-        fences: relation(c"shard_fences"),
+        settings: catalog::relation(c"shard_settings"),
+        fences: catalog::relation(c"shard_fences"),
     };
     WATCHED.set((t.settings, t.fences));
     with_cache(|c| c.tables = Some(t));
     t
 }
 
-/// Runs a query under the latest committed snapshot; the columns come back as text.
+/// Runs a query under the latest committed snapshot, as the owner of the extension's tables (the
+/// check works for any role); the columns come back as text.
 fn latest_rows(sql: &CStr) -> Vec<Vec<Option<String>>> {
-    unsafe {
-        Spi::check_status(pg_sys::SPI_connect()).expect("SPI_connect");
+    privilege::as_owner_of(tables().settings, || unsafe {
+        spi("read shard state", Spi::check_status(pg_sys::SPI_connect()));
         let plan = pg_sys::SPI_prepare(sql.as_ptr(), 0, std::ptr::null_mut());
-        assert!(!plan.is_null(), "SPI_prepare failed");
+        if plan.is_null() {
+            SdError::ObjectMissing {
+                name: sql.to_string_lossy().into_owned(),
+            }
+            .raise();
+        }
         let rc = pg_sys::SPI_execute_snapshot(
             plan,
             std::ptr::null_mut(),
@@ -121,7 +114,7 @@ fn latest_rows(sql: &CStr) -> Vec<Vec<Option<String>>> {
             false,
             0,
         );
-        Spi::check_status(rc).expect("read shard state");
+        spi("read shard state", Spi::check_status(rc));
         let table = *pg_sys::SPI_tuptable;
         let natts = (*table.tupdesc).natts;
         let rows = (0..pg_sys::SPI_processed as usize)
@@ -137,13 +130,14 @@ fn latest_rows(sql: &CStr) -> Vec<Vec<Option<String>>> {
             .collect();
         pg_sys::SPI_finish();
         rows
-    }
+    })
 }
 
 fn int(v: &Option<String>) -> i64 {
-    v.as_deref()
-        .and_then(|s| s.parse().ok())
-        .expect("an integer column")
+    spi(
+        "read an integer column of the shard state",
+        v.as_deref().unwrap_or("").parse::<i64>(),
+    )
 }
 
 /// Loads with `load` unless cached. A value read while an invalidation arrived is used for this
@@ -169,14 +163,38 @@ pub fn min_accepted() -> i64 {
         |c| &mut c.min_accepted,
         || {
             let rows = latest_rows(c"SELECT min_accepted FROM shard_directory.shard_settings");
-            int(&rows.first().expect("shard_settings has its row")[0])
+            match rows.first() {
+                Some(row) => int(&row[0]),
+                None => SdError::SingletonMissing {
+                    table: "shard_settings",
+                }
+                .raise(),
+            }
         },
     )
 }
 
-/// The entity's fence on this shard, if any. Call with the entity's lock held.
+/// The entity's fence on this shard, if any. Call with the check's lock held.
 pub fn fence(key: &EntityKey) -> Option<Fence> {
-    let all = cached(
+    fences().get(key).cloned()
+}
+
+/// An entity of `entity_type` fenced frozen (first) or moved, if there is one.
+pub fn frozen_or_moved(entity_type: &str) -> Option<(EntityKey, &'static str)> {
+    let all = fences();
+    let of_type = |wanted: fn(&Fence) -> bool| {
+        all.iter()
+            .filter(|(k, f)| k.entity_type == entity_type && wanted(f))
+            .map(|(k, _)| k.clone())
+            .min_by(|a, b| a.entity_id.cmp(&b.entity_id))
+    };
+    of_type(|f| *f == Fence::Frozen)
+        .map(|k| (k, "frozen"))
+        .or_else(|| of_type(|f| matches!(f, Fence::Moved { .. })).map(|k| (k, "moved")))
+}
+
+fn fences() -> Rc<HashMap<EntityKey, Fence>> {
+    cached(
         |c| &mut c.fences,
         || {
             let rows = latest_rows(
@@ -201,6 +219,5 @@ pub fn fence(key: &EntityKey) -> Option<Fence> {
             });
             Rc::new(fences.collect::<HashMap<_, _>>())
         },
-    );
-    all.get(key).cloned()
+    )
 }

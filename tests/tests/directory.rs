@@ -194,30 +194,27 @@ async fn a_refused_step_reaches_the_client_with_its_sqlstate_and_changes_nothing
     assert_eq!(version(&c).await, before + 1);
 }
 
+/// The directory's three steps of a move of tenant 8842 to `shard`, each in its own statement.
+async fn walk_move(c: &Client, shard: &str) {
+    for step in [
+        format!("begin_move('tenant', '8842', '{shard}')"),
+        "freeze('tenant', '8842')".to_owned(),
+        "complete_move('tenant', '8842')".to_owned(),
+    ] {
+        c.batch_execute(&format!("SELECT shard_directory.{step}"))
+            .await
+            .unwrap();
+    }
+}
+
 #[tokio::test]
 async fn placement_at_answers_for_a_time_between_two_moves() {
     let (_cluster, c) = directory().await;
     let clock = "SELECT clock_timestamp()::text";
     let before_insert = "2000-01-01 00:00:00+00".to_owned();
-    for step in [
-        "begin_move('tenant', '8842', 'shard_2')",
-        "freeze('tenant', '8842')",
-        "complete_move('tenant', '8842')",
-    ] {
-        c.batch_execute(&format!("SELECT shard_directory.{step}"))
-            .await
-            .unwrap();
-    }
+    walk_move(&c, "shard_2").await;
     let between: String = c.query_one(clock, &[]).await.unwrap().get(0);
-    for step in [
-        "begin_move('tenant', '8842', 'shard_1')",
-        "freeze('tenant', '8842')",
-        "complete_move('tenant', '8842')",
-    ] {
-        c.batch_execute(&format!("SELECT shard_directory.{step}"))
-            .await
-            .unwrap();
-    }
+    walk_move(&c, "shard_1").await;
     let placement = |at: String| {
         let c = &c;
         async move {
@@ -234,4 +231,37 @@ async fn placement_at_answers_for_a_time_between_two_moves() {
     assert_eq!(placement(before_insert).await, None);
     let now: String = c.query_one(clock, &[]).await.unwrap().get(0);
     assert_eq!(placement(now).await.as_deref(), Some("shard_1"));
+}
+
+/// Issue 8, item 12: a transaction that started first but committed last is the latest
+/// placement. Ordered by `now()` (transaction start) history would say the opposite.
+#[tokio::test]
+async fn placement_at_follows_commit_order_not_transaction_start() {
+    let (cluster, early) = directory().await;
+    let late = cluster.connect("directory").await;
+    // `early` starts its transaction (and its now()) before `late` makes any change.
+    early.batch_execute("BEGIN; SELECT now()").await.unwrap();
+    walk_move(&late, "shard_2").await;
+    walk_move(&early, "shard_1").await;
+    early.batch_execute("COMMIT").await.unwrap();
+    let row = late
+        .query_one(
+            "SELECT shard_directory.placement_at('tenant', '8842', clock_timestamp()), \
+             (SELECT shard_name FROM shard_directory.shard_directory WHERE entity_id = '8842'), \
+             (SELECT bool_and(h.changed_at < l.changed_at) FROM shard_directory.shard_directory_history h, \
+                     shard_directory.shard_directory_history l \
+               WHERE h.new_shard = 'shard_1' AND h.transition = 'cutover' \
+                 AND l.new_shard = 'shard_2' AND l.transition = 'cutover')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (placement, current, started_first): (Option<String>, String, bool) =
+        (row.get(0), row.get(1), row.get(2));
+    assert!(
+        started_first,
+        "the last cutover's transaction started first"
+    );
+    assert_eq!(current, "shard_1");
+    assert_eq!(placement.as_deref(), Some("shard_1"));
 }

@@ -125,13 +125,21 @@ async fn a_fence_waits_for_checked_writes_in_flight_and_refuses_writes_checked_a
     });
     wait_for_lock(&dba, fencer_pid, "the fence to wait for the checked write").await;
     assert!(!fence.is_finished());
-    // Another tenant's checked write is not held up by this tenant's fence.
-    write(&other, 41, "7", "unaffected").await.unwrap();
+    // A checked write that starts meanwhile, even another tenant's, queues behind the fence (one
+    // lock orders every check against every fence; the wait is bounded, see below).
+    let other_pid = pid(&other).await;
+    let queued = tokio::spawn(async move { write(&other, 41, "7", "after the fence").await });
+    wait_for_lock(&dba, other_pid, "the next checked write to queue").await;
 
     writer.batch_execute("COMMIT").await.unwrap();
     tokio::time::timeout(DEADLINE, fence)
         .await
         .expect("fence completes")
+        .unwrap();
+    tokio::time::timeout(DEADLINE, queued)
+        .await
+        .expect("the queued write proceeds once the fence commits")
+        .unwrap()
         .unwrap();
 
     // Checked after the fence committed: refused, with where the tenant went.
@@ -154,6 +162,86 @@ async fn a_fence_waits_for_checked_writes_in_flight_and_refuses_writes_checked_a
         1,
         "only the write checked before the fence landed"
     );
+}
+
+/// Issue 8, item 8: a fence behind an idle-in-transaction client gives up within
+/// `shard_directory.fence_wait_timeout`, names the blocker, and the shard's writes resume.
+#[tokio::test]
+async fn a_fence_behind_an_idle_transaction_gives_up_and_names_the_blocker() {
+    let cluster = Cluster::start("shard-fence-wait", &[]);
+    let dba = shard(&cluster, "shard_1").await;
+    let idle = cluster.connect("shard_1").await;
+    let other = cluster.connect("shard_1").await;
+    let idle_pid = pid(&idle).await;
+
+    begin(&idle, "READ COMMITTED", 41, "7").await;
+    insert(&idle, "7", "and then the client went quiet")
+        .await
+        .unwrap();
+    eventually("the client to be idle in transaction", DEADLINE, || async {
+        let row = dba
+            .query_one(
+                "SELECT state = 'idle in transaction' FROM pg_stat_activity WHERE pid = $1",
+                &[&idle_pid],
+            )
+            .await
+            .unwrap();
+        row.get::<_, bool>(0).then_some(())
+    })
+    .await;
+
+    let fencer = cluster.connect("shard_1").await;
+    let fencer_pid = pid(&fencer).await;
+    fencer
+        .batch_execute("SET shard_directory.fence_wait_timeout = 1500")
+        .await
+        .unwrap();
+    let fence = tokio::spawn(async move {
+        fencer
+            .execute("SELECT shard_directory.fence_frozen('tenant', '8842')", &[])
+            .await
+    });
+    wait_for_lock(
+        &dba,
+        fencer_pid,
+        "the fence to wait for the idle transaction",
+    )
+    .await;
+    // While it waits, new checked writes queue behind it...
+    let other_pid = pid(&other).await;
+    let queued = tokio::spawn(async move { write(&other, 41, "9", "queued").await });
+    wait_for_lock(&dba, other_pid, "a checked write to queue behind the fence").await;
+
+    // ...for a bounded time: the fence gives up, naming the blocker.
+    let err = tokio::time::timeout(DEADLINE, fence)
+        .await
+        .expect("the fence gives up by itself")
+        .unwrap()
+        .unwrap_err();
+    let db = err.as_db_error().expect("a database error");
+    assert_eq!(db.code(), &SqlState::LOCK_NOT_AVAILABLE, "{}", db.message());
+    assert!(
+        db.message()
+            .contains(&format!("pid {idle_pid} (idle in transaction)"))
+            && db.message().contains("fence change for tenant/8842")
+            && db.message().contains("1500 ms"),
+        "{}",
+        db.message()
+    );
+    assert!(db
+        .hint()
+        .unwrap_or_default()
+        .contains("pg_terminate_backend"));
+    // The write that queued behind it was not lost: it goes through once the fence gives up.
+    tokio::time::timeout(DEADLINE, queued)
+        .await
+        .expect("the queued write proceeds")
+        .unwrap()
+        .unwrap();
+    idle.batch_execute("COMMIT").await.unwrap();
+    dba.execute("SELECT shard_directory.fence_frozen('tenant', '8842')", &[])
+        .await
+        .expect("with nothing in flight the fence goes through");
 }
 
 #[tokio::test]

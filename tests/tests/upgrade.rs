@@ -66,10 +66,32 @@ async fn updating_from_0_1_0_gives_the_same_objects_as_a_fresh_install() {
         .expect("0.1.0 installs (scripts/install-extension.sh installs its script)");
     let before = describe(&upgraded).await;
     assert!(before.contains(&"version 0.1.0".to_owned()));
+    // An application table protected under 0.1.0 (its row trigger ran BEFORE each row).
+    upgraded
+        .batch_execute(
+            "CREATE TABLE orders (tenant_id int, item text);
+             SELECT shard_directory.protect('orders', 'tenant_id', 'tenant');",
+        )
+        .await
+        .unwrap();
     upgraded
         .batch_execute("ALTER EXTENSION shard_directory UPDATE")
         .await
         .expect("the upgrade script runs");
+    let row_trigger: String = upgraded
+        .query_one(
+            "SELECT pg_get_triggerdef(oid) FROM pg_trigger \
+             WHERE tgrelid = 'orders'::regclass AND tgname = 'shard_directory_protect_row'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        row_trigger.contains(" AFTER INSERT OR DELETE OR UPDATE ON public.orders FOR EACH ROW")
+            && row_trigger.ends_with("shard_directory_protect_row('tenant_id', 'tenant')"),
+        "{row_trigger}"
+    );
     let (fresh, upgraded) = (
         describe(&cluster.connect("fresh").await).await,
         describe(&upgraded).await,

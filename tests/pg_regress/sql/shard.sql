@@ -77,3 +77,11 @@ DROP ROLE regress_app_writer;
 
 SELECT unprotect('orders');
 SELECT tenant_id, item FROM orders ORDER BY tenant_id;
+
+-- the check under a parallel-query setting: it is PARALLEL UNSAFE, so it runs, never fails
+SET force_parallel_mode = on;
+BEGIN;
+SELECT set_config('app.directory_version', '100', true);
+SELECT assert_directory_version();
+COMMIT;
+RESET force_parallel_mode;
