@@ -20,6 +20,32 @@ impl EntityKey {
     }
 }
 
+/// An entity named by borrowed strings: the check looks fences up without allocating, and makes
+/// an `EntityKey` only to refuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntityRef<'a> {
+    pub entity_type: &'a str,
+    pub entity_id: &'a str,
+}
+
+impl EntityRef<'_> {
+    pub fn to_key(self) -> EntityKey {
+        EntityKey {
+            entity_type: self.entity_type.to_owned(),
+            entity_id: self.entity_id.to_owned(),
+        }
+    }
+}
+
+impl EntityKey {
+    pub fn as_ref(&self) -> EntityRef<'_> {
+        EntityRef {
+            entity_type: &self.entity_type,
+            entity_id: &self.entity_id,
+        }
+    }
+}
+
 impl fmt::Display for EntityKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.entity_type, self.entity_id)

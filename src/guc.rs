@@ -4,7 +4,7 @@ use std::ffi::CStr;
 
 use pgrx::{pg_sys, GucContext, GucFlags, GucRegistry, GucSetting};
 
-use crate::entity::EntityKey;
+use crate::entity::EntityRef;
 use crate::error::SdError;
 
 /// `shard_directory.allow_repoint`: lets a DBA re-point an entry directly (emergency only).
@@ -43,8 +43,9 @@ pub struct Request {
     /// `app.directory_version`; `None` when unset or empty (a transaction-local setting reads
     /// as '' once its transaction is over).
     pub version: Option<i64>,
-    /// `app.entity_type` + `app.entity_id`, when both are set.
-    pub entity: Option<EntityKey>,
+    /// `app.entity_type` + `app.entity_id`, when both are set. Borrowed from the settings, which
+    /// cannot change while the check reads them.
+    pub entity: Option<EntityRef<'static>>,
 }
 
 fn setting(name: &CStr) -> Option<&'static str> {
@@ -80,9 +81,9 @@ impl Request {
             .map(parse_version)
             .transpose()?;
         let entity = match (setting(c"app.entity_type"), setting(c"app.entity_id")) {
-            (Some(t), Some(id)) => Some(EntityKey {
-                entity_type: t.to_owned(),
-                entity_id: id.to_owned(),
+            (Some(t), Some(id)) => Some(EntityRef {
+                entity_type: t,
+                entity_id: id,
             }),
             (None, None) => None,
             (Some(_), None) => {

@@ -8,7 +8,7 @@ use std::cell::RefCell;
 
 use pgrx::prelude::*;
 
-use crate::entity::EntityKey;
+use crate::entity::{EntityKey, EntityRef};
 
 thread_local! {
     static PASSING: RefCell<Option<EntityKey>> = const { RefCell::new(None) };
@@ -24,8 +24,8 @@ fn bypass_fence(entity_type: Option<&str>, entity_id: Option<&str>) {
 }
 
 /// Whether the row trigger lets `key` through without looking at its fence.
-pub fn passes(key: &EntityKey) -> bool {
-    PASSING.with_borrow(|p| p.as_ref() == Some(key))
+pub fn passes(key: EntityRef<'_>) -> bool {
+    PASSING.with_borrow(|p| p.as_ref().is_some_and(|p| p.as_ref() == key))
 }
 
 /// Called by `crate::xact` when the transaction ends.

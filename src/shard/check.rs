@@ -10,7 +10,7 @@ use super::locks;
 use super::state::{self, Fence};
 use super::stats::{self, Counter};
 use crate::catalog;
-use crate::entity::EntityKey;
+use crate::entity::{EntityKey, EntityRef};
 use crate::error::SdError;
 use crate::guc::Request;
 use crate::TriggerResult;
@@ -37,24 +37,24 @@ fn check_shard(version: Option<i64>) {
 }
 
 /// One entity's fence. The caller holds the check's lock (`check_shard` took it).
-fn check_entity(key: &EntityKey, version: Option<i64>) {
+fn check_entity(key: EntityRef<'_>, version: Option<i64>) {
     match state::fence(key) {
         Some(Fence::Owned { min_version }) if version.is_none_or(|v| v < min_version) => {
             refuse(SdError::StaleEntity {
-                entity: key.clone(),
+                entity: key.to_key(),
                 client: version,
                 minimum: min_version,
             })
         }
         None | Some(Fence::Owned { .. }) => {}
         Some(Fence::Frozen) => refuse(SdError::EntityFrozen {
-            entity: key.clone(),
+            entity: key.to_key(),
         }),
         Some(Fence::Moved {
             moved_to,
             version: moved_at,
         }) => refuse(SdError::EntityMoved {
-            entity: key.clone(),
+            entity: key.to_key(),
             moved_to,
             version: moved_at,
             client: version,
@@ -71,7 +71,7 @@ fn check_request() {
     stats::count(Counter::Checks);
     let request = request();
     check_shard(request.version);
-    if let Some(key) = &request.entity {
+    if let Some(key) = request.entity {
         check_entity(key, request.version);
     }
 }
@@ -202,7 +202,11 @@ pub fn shard_directory_protect_row<'a>(trigger: &'a PgTrigger<'a>) -> TriggerRes
     };
     let mut keys: Vec<EntityKey> = old.into_iter().chain(new).collect();
     keys.dedup();
-    for key in keys.iter().filter(|k| !bypass::passes(k)) {
+    for key in keys
+        .iter()
+        .map(EntityKey::as_ref)
+        .filter(|k| !bypass::passes(*k))
+    {
         check_entity(key, request.version);
     }
     Ok(None)

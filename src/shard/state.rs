@@ -16,7 +16,7 @@ use std::rc::Rc;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use crate::entity::EntityKey;
+use crate::entity::{EntityKey, EntityRef};
 use crate::error::{spi, SdError};
 use crate::{catalog, privilege};
 
@@ -26,6 +26,9 @@ pub enum Fence {
     Frozen,
     Moved { moved_to: String, version: i64 },
 }
+
+/// Fences by entity type, then entity id: looked up with borrowed strings.
+type Fences = HashMap<String, HashMap<String, Fence>>;
 
 #[derive(Clone, Copy)]
 pub struct Tables {
@@ -39,7 +42,7 @@ struct Cache {
     min_accepted: Option<i64>,
     /// Every fence on this shard: fences are few (entities mid-move or recently moved), and
     /// holding them all makes the common answer, "no fence", free.
-    fences: Option<Rc<HashMap<EntityKey, Fence>>>,
+    fences: Option<Rc<Fences>>,
     /// `INVALIDATIONS` when this cache was last known valid.
     seen: u64,
 }
@@ -175,36 +178,39 @@ pub fn min_accepted() -> i64 {
 }
 
 /// The entity's fence on this shard, if any. Call with the check's lock held.
-pub fn fence(key: &EntityKey) -> Option<Fence> {
-    fences().get(key).cloned()
+pub fn fence(key: EntityRef<'_>) -> Option<Fence> {
+    fences().get(key.entity_type)?.get(key.entity_id).cloned()
 }
 
 /// An entity of `entity_type` fenced frozen (first) or moved, if there is one.
 pub fn frozen_or_moved(entity_type: &str) -> Option<(EntityKey, &'static str)> {
     let all = fences();
-    let of_type = |wanted: fn(&Fence) -> bool| {
-        all.iter()
-            .filter(|(k, f)| k.entity_type == entity_type && wanted(f))
-            .map(|(k, _)| k.clone())
-            .min_by(|a, b| a.entity_id.cmp(&b.entity_id))
+    let of_type = all.get(entity_type)?;
+    let first = |wanted: fn(&Fence) -> bool| {
+        of_type
+            .iter()
+            .filter(|(_, f)| wanted(f))
+            .map(|(id, _)| id)
+            .min()
+            .map(|id| EntityKey {
+                entity_type: entity_type.to_owned(),
+                entity_id: id.clone(),
+            })
     };
-    of_type(|f| *f == Fence::Frozen)
+    first(|f| *f == Fence::Frozen)
         .map(|k| (k, "frozen"))
-        .or_else(|| of_type(|f| matches!(f, Fence::Moved { .. })).map(|k| (k, "moved")))
+        .or_else(|| first(|f| matches!(f, Fence::Moved { .. })).map(|k| (k, "moved")))
 }
 
-fn fences() -> Rc<HashMap<EntityKey, Fence>> {
+fn fences() -> Rc<Fences> {
     cached(
         |c| &mut c.fences,
         || {
             let rows = latest_rows(
                 c"SELECT entity_type, entity_id, state, min_version, moved_to FROM shard_directory.shard_fences",
             );
-            let fences = rows.into_iter().map(|row| {
-                let key = EntityKey {
-                    entity_type: row[0].clone().unwrap_or_default(),
-                    entity_id: row[1].clone().unwrap_or_default(),
-                };
+            let mut fences = Fences::new();
+            for row in rows {
                 let fence = match row[2].as_deref() {
                     Some("frozen") => Fence::Frozen,
                     Some("moved") => Fence::Moved {
@@ -215,9 +221,12 @@ fn fences() -> Rc<HashMap<EntityKey, Fence>> {
                         min_version: int(&row[3]),
                     },
                 };
-                (key, fence)
-            });
-            Rc::new(fences.collect::<HashMap<_, _>>())
+                fences
+                    .entry(row[0].clone().unwrap_or_default())
+                    .or_default()
+                    .insert(row[1].clone().unwrap_or_default(), fence);
+            }
+            Rc::new(fences)
         },
     )
 }

@@ -45,14 +45,20 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// the first call, the transaction-level locks are already held, so this is the steady cost).
 async fn per_call(c: &tokio_postgres::Client) {
     const CALLS: i64 = 200_000;
-    let timed = async |call: &str| {
+    let timed = async |call: &str, entity: bool| {
         let sql = format!("SELECT count({call}) FROM generate_series(1, $1::int8) g");
+        let settings = if entity {
+            "set_config('app.entity_type', 'tenant', true), set_config('app.entity_id', '7', true)"
+        } else {
+            "1"
+        };
         let mut best = f64::MAX;
         for _ in 0..5 {
-            c.batch_execute("BEGIN; SELECT set_config('app.directory_version', '42', true), \
-                             set_config('app.entity_type', 'tenant', true), set_config('app.entity_id', '7', true)")
-                .await
-                .unwrap();
+            c.batch_execute(&format!(
+                "BEGIN; SELECT set_config('app.directory_version', '42', true), {settings}"
+            ))
+            .await
+            .unwrap();
             let start = std::time::Instant::now();
             c.query_one(&sql, &[&CALLS]).await.unwrap();
             best = best.min(start.elapsed().as_secs_f64());
@@ -60,16 +66,26 @@ async fn per_call(c: &tokio_postgres::Client) {
         }
         best
     };
-    let base = timed("g").await;
+    let base = timed("g", true).await;
     println!("per call, best of 5 loops of {CALLS} calls in one backend:");
-    for (name, call) in [
-        ("plpgsql (guide)", "public.guide_assert_directory_version()"),
+    for (name, call, entity) in [
+        (
+            "plpgsql (guide)",
+            "public.guide_assert_directory_version()",
+            true,
+        ),
+        (
+            "native",
+            "shard_directory.assert_directory_version()",
+            false,
+        ),
         (
             "native + entity",
             "shard_directory.assert_directory_version()",
+            true,
         ),
     ] {
-        let t = timed(call).await;
+        let t = timed(call, entity).await;
         println!("  {name:<16} {:>7.3} us", (t - base) / CALLS as f64 * 1e6);
     }
 }
