@@ -63,6 +63,22 @@ impl Cache {
         }
     }
 
+    /// The directory stands at `version`, below the `known` version this cache learned from it
+    /// earlier: it was restored from a backup, or failed over to a standby that lost commits.
+    /// Adopts `version` and retires every entry. Returns false when the known version moved
+    /// meanwhile (the caller reads again).
+    pub fn adopt_lower(&self, known: i64, version: i64) -> bool {
+        if self
+            .version
+            .compare_exchange(known, version, SeqCst, SeqCst)
+            .is_err()
+        {
+            return false;
+        }
+        self.epoch.fetch_add(1, SeqCst);
+        true
+    }
+
     /// Stores what a fetch read at `entry.directory_version`, if nothing newer is known. Returns
     /// whether it was stored as current.
     pub fn fill(&self, entry: Arc<Entry>) -> bool {
@@ -127,5 +143,20 @@ mod tests {
             Lookup::Absent
         ));
         assert!(cache.fill(entry("s2", 3)));
+    }
+
+    #[test]
+    fn a_lower_version_is_adopted_only_from_the_version_it_was_compared_with() {
+        let cache = Cache::new(1);
+        cache.invalidate(9);
+        assert!(cache.fill(entry("s1", 9)));
+        assert!(!cache.adopt_lower(8, 4), "the known version is 9, not 8");
+        assert!(cache.adopt_lower(9, 4));
+        assert_eq!(cache.version(), 4);
+        assert!(matches!(
+            cache.get(&EntityKey::new("tenant", "1")),
+            Lookup::Stale(_)
+        ));
+        assert!(cache.fill(entry("s2", 4)));
     }
 }

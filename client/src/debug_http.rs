@@ -21,6 +21,7 @@ use axum::routing::get;
 use axum::Json;
 use serde::Serialize;
 
+use crate::metrics::names;
 use crate::{Directory, Policy, Stats};
 
 /// The body of `/debug/directory`.
@@ -111,6 +112,11 @@ pub fn prometheus(d: &Directory) -> String {
         "shard_directory_invalidations_total",
         "counter",
         &[("", v.stats.invalidations)],
+    );
+    metric(
+        names::VERSION_REGRESSIONS,
+        "counter",
+        &[("", v.stats.version_regressions)],
     );
     metric(
         "shard_directory_retries_total",

@@ -45,6 +45,22 @@ impl Default for DirectoryConfig {
     }
 }
 
+/// The directory's version went back from `known` to `version`: adopts it, flushes the cache, and
+/// says so. Returns false when the known version moved meanwhile.
+pub(crate) fn adopt_lower(cache: &Cache, counters: &Counters, known: i64, version: i64) -> bool {
+    if !cache.adopt_lower(known, version) {
+        return false;
+    }
+    counters.version_regressed(version);
+    tracing::warn!(
+        known,
+        directory = version,
+        "shard directory version went back (restored from a backup, or failed over to a standby \
+         that lost commits): adopting it and flushing the cache"
+    );
+    true
+}
+
 /// Called between a fill's fetch and its store into the cache (feature `test-hooks`).
 #[cfg(feature = "test-hooks")]
 pub type FillHook = Arc<dyn Fn() -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>;
@@ -130,7 +146,8 @@ impl Directory {
     }
 
     /// The entry for `key`: from the cache when current, else from the store. While the watcher
-    /// is disconnected the directory counts as unreachable and the [`Policy`] decides.
+    /// is reconnecting, cached entries may have missed an invalidation: lookups go to the store.
+    /// Only when the store cannot be reached does the [`Policy`] decide.
     pub async fn lookup_key(&self, key: &EntityKey) -> Result<Arc<Entry>> {
         let inner = &self.inner;
         let (current, stale) = match inner.cache.get(key) {
@@ -138,16 +155,13 @@ impl Directory {
             Lookup::Stale(e) => (None, Some(e)),
             Lookup::Absent => (None, None),
         };
-        if !inner.watch.connected() {
-            return self.degraded(key, current.or(stale), None);
-        }
-        if let Some(e) = current {
+        if let Some(e) = current.as_ref().filter(|_| inner.watch.connected()) {
             inner.counters.hit();
-            return Ok(e);
+            return Ok(e.clone());
         }
         inner.counters.miss();
         match self.fill(key).await {
-            Err(Error::DirectoryUnavailable(e)) => self.degraded(key, stale, Some(e)),
+            Err(Error::DirectoryUnavailable(e)) => self.degraded(key, current.or(stale), Some(e)),
             other => other,
         }
     }
@@ -171,9 +185,12 @@ impl Directory {
     }
 
     /// Reads the entry from the store until a read is at least as new as every invalidation heard
-    /// meanwhile, and caches it.
+    /// meanwhile, and caches it. A read below the known version is a race the first time (it may
+    /// have started before the version was learned); the second time in a row, the directory's
+    /// version went back, and the client adopts it instead of reading forever.
     async fn fill(&self, key: &EntityKey) -> Result<Arc<Entry>> {
         let inner = &self.inner;
+        let mut reads_below = 0;
         loop {
             #[cfg(feature = "redis")]
             if let Some(shared) = &inner.shared {
@@ -193,14 +210,19 @@ impl Directory {
                     hook().await;
                 }
             }
+            let known = inner.cache.version();
+            if at < known {
+                reads_below += 1;
+                if reads_below < 2 || !adopt_lower(&inner.cache, &inner.counters, known, at) {
+                    tracing::debug!(entity = %key, read_at = at, known, "read below the known version; reading again");
+                    continue;
+                }
+            }
             // A fetch can see a version the watcher has not announced yet.
             inner.cache.invalidate(at);
             let Some(entry) = entry else {
-                if at >= inner.cache.version() {
-                    inner.cache.remove(key);
-                    return Err(Error::UnknownEntity(key.clone()));
-                }
-                continue;
+                inner.cache.remove(key);
+                return Err(Error::UnknownEntity(key.clone()));
             };
             let entry = Arc::new(entry);
             if inner.cache.fill(entry.clone()) {

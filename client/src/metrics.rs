@@ -29,6 +29,9 @@ pub mod names {
     pub const SHARED_CACHE: &str = "shard_directory_shared_cache_total";
     /// Gauge: the directory version this client knows.
     pub const VERSION: &str = "shard_directory_version";
+    /// Counter: times the directory's version was found below the one this client knew (a
+    /// restore from backup, a failover that lost commits); the client adopted it and flushed.
+    pub const VERSION_REGRESSIONS: &str = "shard_directory_version_regressions_total";
 }
 
 const REASONS: [&str; 5] = ["stale", "missing", "frozen", "moved", "serialization"];
@@ -43,6 +46,7 @@ pub(crate) struct Counters {
     retries: AtomicU64,
     shared_hits: AtomicU64,
     shared_misses: AtomicU64,
+    version_regressions: AtomicU64,
     rejections: [AtomicU64; REASONS.len()],
 }
 
@@ -65,6 +69,8 @@ pub struct Stats {
     pub shared_cache_hits: u64,
     /// See [`names::SHARED_CACHE`].
     pub shared_cache_misses: u64,
+    /// See [`names::VERSION_REGRESSIONS`].
+    pub version_regressions: u64,
     /// Shard rejections by reason: stale, missing, frozen, moved, serialization.
     pub rejections: Vec<(String, u64)>,
 }
@@ -131,6 +137,12 @@ impl Counters {
             .increment(1);
     }
 
+    pub fn version_regressed(&self, version: i64) {
+        bump(&self.version_regressions);
+        metrics::counter!(names::VERSION_REGRESSIONS).increment(1);
+        metrics::gauge!(names::VERSION).set(version as f64);
+    }
+
     pub fn retried(&self) {
         bump(&self.retries);
         metrics::counter!(names::RETRIES).increment(1);
@@ -147,6 +159,7 @@ impl Counters {
             retries: get(&self.retries),
             shared_cache_hits: get(&self.shared_hits),
             shared_cache_misses: get(&self.shared_misses),
+            version_regressions: get(&self.version_regressions),
             rejections: REASONS
                 .iter()
                 .zip(&self.rejections)

@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use crate::cache::Cache;
+use crate::directory::adopt_lower;
 use crate::metrics::Counters;
 use crate::store::CURRENT_VERSION;
 
@@ -107,10 +108,25 @@ impl Watcher {
                 client.batch_execute("LISTEN shard_directory").await?;
             }
             let poll = client.prepare(CURRENT_VERSION).await?;
-            let read = async || -> Result<(), tokio_postgres::Error> {
+            let read_once = async || -> Result<(i64, Option<Duration>), tokio_postgres::Error> {
                 let row = client.query_one(&poll, &[]).await?;
-                let lag = Duration::try_from_secs_f64(row.get::<_, f64>(1)).ok();
-                self.apply(row.get(0), lag);
+                Ok((
+                    row.get(0),
+                    Duration::try_from_secs_f64(row.get::<_, f64>(1)).ok(),
+                ))
+            };
+            // Below the known version once is a race with a fill that read later; twice in a row,
+            // the directory went back.
+            let read = async || -> Result<(), tokio_postgres::Error> {
+                let (mut version, mut lag) = read_once().await?;
+                let known = self.cache.version();
+                if version < known {
+                    (version, lag) = read_once().await?;
+                    if version < known {
+                        adopt_lower(&self.cache, &self.counters, known, version);
+                    }
+                }
+                self.apply(version, lag);
                 Ok(())
             };
             read().await?;
@@ -121,10 +137,19 @@ impl Watcher {
             loop {
                 tokio::select! {
                     n = notifications.recv() => match n {
-                        Some(Ok(n)) => match n.payload().parse::<i64>() {
-                            Ok(v) => self.apply(v, None),
-                            Err(_) => read().await?,
-                        },
+                        // Anyone who can connect may NOTIFY: the payload is a hint to read the
+                        // version, never the version itself. Notifications already queued are
+                        // covered by the same read.
+                        Some(Ok(n)) => {
+                            let known = self.cache.version();
+                            let mut news = n.payload().parse::<i64>().map_or(true, |v| v > known);
+                            while let Ok(more) = notifications.try_recv() {
+                                news |= more?.payload().parse::<i64>().map_or(true, |v| v > known);
+                            }
+                            if news {
+                                read().await?;
+                            }
+                        }
                         Some(Err(e)) => return Err(e),
                         // The connection ended without an error message: the next query
                         // returns the "connection closed" error that ends this session.

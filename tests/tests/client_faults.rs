@@ -1,0 +1,154 @@
+//! The client under faults (issue 9): a forged notification, a directory whose version went
+//! back, a watcher that cannot reconnect while the directory answers queries.
+
+use std::time::Duration;
+
+use shard_directory_client::{Directory, DirectoryConfig, Policy, WATCHER_APPLICATION_NAME};
+use shard_directory_e2e::{eventually, Topology};
+
+const DEADLINE: Duration = Duration::from_secs(15);
+
+async fn reaches(d: &Directory, version: i64) {
+    eventually(&format!("version {version}"), DEADLINE, || async {
+        (d.version() == version).then_some(())
+    })
+    .await;
+}
+
+/// A lookup that must answer within the deadline (a spinning fill never would).
+async fn lookup_in_time(d: &Directory, id: &str) -> String {
+    tokio::time::timeout(DEADLINE, d.lookup("tenant", id))
+        .await
+        .unwrap_or_else(|_| panic!("lookup of tenant {id} did not answer in time"))
+        .unwrap()
+        .shard_name
+        .clone()
+}
+
+/// Item 2: any role that can connect may NOTIFY; the payload is a hint to read the version.
+#[tokio::test]
+async fn a_forged_notification_is_only_a_hint() {
+    let t = Topology::start("forged").await;
+    let v = t.add_tenant("1", "shard_1").await;
+    let d = t.client_directory(DirectoryConfig::default()).await;
+    reaches(&d, v).await;
+    let nobody = t.dba().await;
+    nobody
+        .batch_execute(
+            "CREATE ROLE nobody LOGIN; SET ROLE nobody; \
+             SELECT pg_notify('shard_directory', '9223372036854775807')",
+        )
+        .await
+        .unwrap();
+    // A real change after it: once the client has it, it has handled the forged one too
+    // (notifications arrive in order).
+    let real = t.add_tenant("2", "shard_2").await;
+    reaches(&d, real).await;
+    assert_eq!(d.version(), real, "the forged version was never adopted");
+    assert_eq!(lookup_in_time(&d, "2").await, "shard_2");
+    assert_eq!(d.stats().version_regressions, 0);
+}
+
+/// Item 1: the directory restored from an older backup (or failed over to a standby that lost
+/// commits) stands below the version the client knew: the client adopts it, counts it and
+/// flushes, instead of re-reading forever.
+#[tokio::test]
+async fn a_directory_whose_version_went_back_is_adopted_not_read_forever() {
+    let t = Topology::start("regress").await;
+    t.add_tenant("1", "shard_1").await;
+    let known = t.add_tenant("2", "shard_1").await;
+    // Hourly poll, so only the fill can notice.
+    let d = t
+        .client_directory(DirectoryConfig {
+            poll_interval: Duration::from_secs(3600),
+            ..Default::default()
+        })
+        .await;
+    reaches(&d, known).await;
+    assert_eq!(lookup_in_time(&d, "1").await, "shard_1");
+    // The restore: the older backup knew tenant 2 on shard_2, at version 1.
+    t.dba()
+        .await
+        .batch_execute(
+            "SET search_path = shard_directory;
+             ALTER TABLE shard_directory DISABLE TRIGGER USER;
+             ALTER TABLE shard_directory_version DISABLE TRIGGER USER;
+             UPDATE shard_directory SET shard_name = 'shard_2', version = 1 WHERE entity_id = '2';
+             UPDATE shard_directory_version SET version = 1;
+             ALTER TABLE shard_directory ENABLE TRIGGER USER;
+             ALTER TABLE shard_directory_version ENABLE TRIGGER USER;",
+        )
+        .await
+        .unwrap();
+    assert_eq!(lookup_in_time(&d, "2").await, "shard_2");
+    assert_eq!(d.version(), 1);
+    assert_eq!(d.stats().version_regressions, 1);
+    // Entries cached before the restore are not served as current: tenant 1 is read again.
+    let misses = d.stats().cache_misses;
+    assert_eq!(lookup_in_time(&d, "1").await, "shard_1");
+    assert_eq!(d.stats().cache_misses, misses + 1);
+    // And the restored directory's next change is heard as news.
+    let next = t
+        .step("SELECT shard_directory.begin_move('tenant', '1', 'shard_2')")
+        .await;
+    assert_eq!(next, 2);
+    reaches(&d, next).await;
+}
+
+/// Item 3: an outage is the store being unreachable, not the watcher reconnecting. Here the
+/// watcher cannot reconnect (the database takes no new connection) while the store's pooled
+/// connection still answers: lookups are answered, also under `FailClosed`, and see changes.
+#[tokio::test]
+async fn lookups_go_to_the_store_while_the_watcher_cannot_reconnect() {
+    let t = Topology::start("watcherless").await;
+    let v = t.add_tenant("1", "shard_1").await;
+    let d = t
+        .client_directory(DirectoryConfig {
+            policy: Policy::FailClosed,
+            ..Default::default()
+        })
+        .await;
+    reaches(&d, v).await;
+    assert_eq!(lookup_in_time(&d, "1").await, "shard_1");
+    let dba = t.dba().await;
+    dba.batch_execute(
+        "UPDATE pg_database SET datallowconn = false WHERE datname = current_database()",
+    )
+    .await
+    .unwrap();
+    let killed: i64 = dba
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+            &[&WATCHER_APPLICATION_NAME],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(killed, 1);
+    eventually("the watcher to notice", DEADLINE, || async {
+        (!d.is_connected()).then_some(())
+    })
+    .await;
+    // A change the watcher cannot hear: the lookup goes to the store and sees it.
+    dba.execute(
+        "SELECT shard_directory.begin_move('tenant', '1', 'shard_2')",
+        &[],
+    )
+    .await
+    .unwrap();
+    let entry = tokio::time::timeout(DEADLINE, d.lookup("tenant", "1"))
+        .await
+        .unwrap()
+        .expect("answered from the store, not refused by FailClosed");
+    assert_eq!(entry.target_shard.as_deref(), Some("shard_2"));
+    assert!(!d.is_connected());
+    dba.batch_execute(
+        "UPDATE pg_database SET datallowconn = true WHERE datname = current_database()",
+    )
+    .await
+    .unwrap();
+    eventually("the watcher to reconnect", DEADLINE, || async {
+        d.is_connected().then_some(())
+    })
+    .await;
+}
