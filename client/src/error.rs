@@ -76,13 +76,31 @@ impl Error {
             | Error::FailClosed { .. }
             | Error::Rejected { .. }
             | Error::ShardUnavailable { .. } => true,
-            Error::Db(e) => {
-                e.code() == Some(&tokio_postgres::error::SqlState::T_R_SERIALIZATION_FAILURE)
-            }
-            Error::Directory(_)
-            | Error::UnknownEntity(_)
-            | Error::UnknownShard { .. }
-            | Error::Config(_) => false,
+            Error::Db(e) | Error::Directory(e) => transient(e),
+            Error::UnknownEntity(_) | Error::UnknownShard { .. } | Error::Config(_) => false,
+        }
+    }
+}
+
+/// Whether a database error can pass with time: a serialization failure or deadlock, a server
+/// shutting down, too many connections, or a connection that failed or closed.
+fn transient(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    match e.code() {
+        Some(code) => {
+            [
+                SqlState::T_R_SERIALIZATION_FAILURE,
+                SqlState::T_R_DEADLOCK_DETECTED,
+                SqlState::ADMIN_SHUTDOWN,
+                SqlState::CRASH_SHUTDOWN,
+                SqlState::CANNOT_CONNECT_NOW,
+                SqlState::TOO_MANY_CONNECTIONS,
+            ]
+            .contains(code)
+                || code.code().starts_with("08")
+        }
+        None => {
+            e.is_closed() || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>())
         }
     }
 }

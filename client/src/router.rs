@@ -3,7 +3,7 @@
 //! was stale.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::{NoTls, Transaction};
@@ -55,12 +55,16 @@ impl std::fmt::Debug for ShardConfig {
     }
 }
 
-/// How often and how patiently a refused transaction is re-run.
+/// How patiently a refused transaction is re-run: by time, not by count, so that a write waits
+/// out a cutover's freeze (the mover's default `--max-freeze` is 10 s) instead of failing in the
+/// middle of it.
 #[derive(Debug, Clone)]
 pub struct RetryPolicy {
-    /// Attempts in all, the first included.
-    pub max_attempts: u32,
-    /// Backoff before re-running after a `frozen` or a plain serialization failure; doubles each time.
+    /// How long after its first attempt a transaction may still be re-run (after a 40001, or
+    /// while its entity is `read_only`).
+    pub deadline: Duration,
+    /// Backoff before re-running after a `frozen`, a plain serialization failure, a `read_only`
+    /// entry or an unreachable directory; doubles each time, with jitter.
     pub base_backoff: Duration,
     /// Upper bound of the backoff.
     pub max_backoff: Duration,
@@ -69,9 +73,9 @@ pub struct RetryPolicy {
 impl Default for RetryPolicy {
     fn default() -> Self {
         RetryPolicy {
-            max_attempts: 5,
+            deadline: Duration::from_secs(15),
             base_backoff: Duration::from_millis(10),
-            max_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_millis(500),
         }
     }
 }
@@ -182,16 +186,17 @@ impl Router {
 
     /// Runs `f` as one read-write transaction on the shard that owns `key`. The transaction first
     /// sets `app.directory_version`, `app.entity_type` and `app.entity_id` (one round trip); when
-    /// the shard refuses it with 40001 the whole closure is re-run on a refreshed route, up to
-    /// [`RetryPolicy::max_attempts`] times. A `read_only` entity is refused before any round
-    /// trip with [`Error::ReadOnly`]; other errors are returned untouched.
+    /// the shard refuses it with 40001 the whole closure is re-run on a refreshed route until
+    /// [`RetryPolicy::deadline`]. While the entity is `read_only` no round trip is made: the
+    /// write waits (with backoff) for the freeze to end, and past the deadline fails with
+    /// [`Error::ReadOnly`]. Other errors are returned untouched.
     pub async fn run<T, F>(&self, key: &EntityKey, mut f: F) -> Result<T>
     where
         F: AsyncFnMut(&Transaction<'_>) -> Result<T, tokio_postgres::Error>,
     {
         self.with_retries(key, async |entry: &Entry| {
             if entry.state == State::ReadOnly {
-                return Err(Attempt::Fatal(Error::ReadOnly(key.clone())));
+                return Err(Attempt::ReadOnly);
             }
             self.attempt(&entry.shard_name, entry, &mut f).await
         })
@@ -222,19 +227,32 @@ impl Router {
         key: &EntityKey,
         mut once: impl AsyncFnMut(&Entry) -> Result<T, Attempt>,
     ) -> Result<T> {
+        let started = Instant::now();
         let mut attempt = 0;
         loop {
             attempt += 1;
             let entry = self.directory.lookup_key(key).await?;
+            let backoff = self.retry.backoff(attempt);
+            let out_of_time = started.elapsed() + backoff > self.retry.deadline;
+            let counters = self.directory.counters();
             let (rejection, source) = match once(&entry).await {
                 Ok(t) => return Ok(t),
                 Err(Attempt::Fatal(e)) => return Err(e),
+                Err(Attempt::ReadOnly) if out_of_time => {
+                    tracing::warn!(entity = %key, attempts = attempt, "gave up waiting for a cutover to end");
+                    return Err(Error::ReadOnly(key.clone()));
+                }
+                Err(Attempt::ReadOnly) => {
+                    counters.retried();
+                    tokio::time::sleep(backoff).await;
+                    continue;
+                }
                 Err(Attempt::Refused(rejection, source)) => (rejection, source),
             };
-            let counters = self.directory.counters();
             counters.rejected(rejection.reason());
             tracing::debug!(entity = %key, %rejection, attempt, "shard refused the transaction");
-            if attempt >= self.retry.max_attempts {
+            if out_of_time {
+                tracing::warn!(entity = %key, %rejection, attempts = attempt, "shard kept refusing the transaction; giving up");
                 return Err(Error::Rejected {
                     entity: key.clone(),
                     attempts: attempt,
@@ -248,10 +266,14 @@ impl Router {
                     self.directory.learn_moved(&entry, moved_to, *version)
                 }
                 Rejection::Stale | Rejection::Missing => {
-                    self.directory.refresh().await?;
+                    // Unreachable: back off; the next lookup applies the outage policy.
+                    if let Err(e) = self.directory.refresh().await {
+                        tracing::debug!(entity = %key, error = %e, "refresh failed during a retry");
+                        tokio::time::sleep(backoff).await;
+                    }
                 }
                 Rejection::Frozen | Rejection::Serialization => {
-                    tokio::time::sleep(self.retry.backoff(attempt)).await;
+                    tokio::time::sleep(backoff).await;
                 }
             }
         }
@@ -293,6 +315,8 @@ impl Router {
 
 /// How one attempt ended, when it did not succeed.
 enum Attempt {
+    /// The entity is `read_only`: nothing was sent; wait for the freeze to end.
+    ReadOnly,
     /// The shard refused the route (40001): worth re-running.
     Refused(Rejection, tokio_postgres::Error),
     Fatal(Error),

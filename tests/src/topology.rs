@@ -101,7 +101,7 @@ impl Topology {
     }
 
     /// A client `Directory` on this topology's directory database.
-    /// Returns once its watcher is connected (until then lookups go to the outage policy).
+    /// Returns once its watcher is connected, so a test starts with notifications flowing.
     pub async fn client_directory(&self, config: DirectoryConfig) -> Directory {
         let d = Directory::connect(self.directory_config(), config)
             .await

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shard_directory_client::{
-    Directory, DirectoryConfig, EntityKey, Error, Policy, Reads, Router, State,
+    Directory, DirectoryConfig, EntityKey, Error, Policy, Reads, RetryPolicy, Router, State,
     WATCHER_APPLICATION_NAME,
 };
 use shard_directory_e2e::{eventually, Topology};
@@ -291,7 +291,12 @@ async fn migrating_reads_both_shards_and_read_only_refuses_writes_before_any_rou
         .await;
     reaches(&d, v).await;
     let before = d.stats();
-    let err = insert(&r, "8842", "frozen").await.unwrap_err();
+    // A router whose deadline is shorter than the freeze gives up with ReadOnly...
+    let impatient = t.router(d.clone()).with_retry(RetryPolicy {
+        deadline: Duration::from_millis(200),
+        ..Default::default()
+    });
+    let err = insert(&impatient, "8842", "frozen").await.unwrap_err();
     assert!(
         matches!(err, Error::ReadOnly(_)) && err.is_retryable(),
         "{err:?}"
@@ -302,6 +307,28 @@ async fn migrating_reads_both_shards_and_read_only_refuses_writes_before_any_rou
         "refused before any round trip"
     );
     assert_eq!(r.read(&tenant("8842"), count).await.unwrap(), Reads::One(2));
+
+    // ...the default one waits the freeze out and writes where the tenant landed.
+    let retries = d.stats().retries;
+    let cutover = async {
+        eventually("the write to wait on the freeze", DEADLINE, || async {
+            (d.stats().retries > retries).then_some(())
+        })
+        .await;
+        t.step("SELECT shard_directory.complete_move('tenant', '8842')")
+            .await
+    };
+    let (written, _) = tokio::time::timeout(
+        DEADLINE,
+        futures_util::future::join(insert(&r, "8842", "waited out the freeze"), cutover),
+    )
+    .await
+    .expect("the write finishes once the freeze is over");
+    written.unwrap();
+    assert_eq!(
+        t.orders("shard_2", "8842").await,
+        ["copied", "waited out the freeze"]
+    );
 }
 
 #[tokio::test]

@@ -152,3 +152,35 @@ async fn lookups_go_to_the_store_while_the_watcher_cannot_reconnect() {
     })
     .await;
 }
+
+/// Item 5: `is_retryable()` says yes where running the work again can help (deadlock, admin
+/// shutdown, too many connections, a connection that failed), and no where it cannot.
+#[tokio::test]
+async fn is_retryable_covers_the_transient_server_errors() {
+    let t = Topology::start("retryable").await;
+    t.add_tenant("1", "shard_1").await;
+    let d = t.client_directory(DirectoryConfig::default()).await;
+    let r = t.router(d);
+    let key = shard_directory_client::EntityKey::new("tenant", "1");
+    let fail = async |sql: &'static str| {
+        r.run(&key, async |tx| tx.batch_execute(sql).await)
+            .await
+            .unwrap_err()
+    };
+    for (errcode, retryable) in [
+        ("40P01", true),
+        ("57P01", true),
+        ("53300", true),
+        ("08006", true),
+        ("23505", false),
+        ("42501", false),
+    ] {
+        let sql: &'static str = Box::leak(
+            format!("DO $$ BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = '{errcode}'; END $$")
+                .into_boxed_str(),
+        );
+        assert_eq!(fail(sql).await.is_retryable(), retryable, "{errcode}");
+    }
+    let killed = fail("SELECT pg_terminate_backend(pg_backend_pid())").await;
+    assert!(killed.is_retryable(), "{killed:?}");
+}
