@@ -1,7 +1,8 @@
 //! `Directory`: lookups from the in-process cache, misses from the store, kept current by the
 //! watcher, with the outage policy applied when the directory cannot be reached.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime};
 
 use crate::cache::{Cache, Lookup};
@@ -23,6 +24,9 @@ pub struct DirectoryConfig {
     pub policy: Policy,
     /// Connections used for cache misses.
     pub store_pool_size: usize,
+    /// Entries the cache holds at most (unknown entities included); past it, entries filled
+    /// before the latest invalidation go first, then any.
+    pub max_cached_entries: usize,
     /// Subscribe to `LISTEN shard_directory`. Turn off where LISTEN is not available (a pooler in
     /// transaction mode): the watcher then relies on the poll alone, and shards' 40001s.
     pub listen: bool,
@@ -38,6 +42,7 @@ impl Default for DirectoryConfig {
             max_reconnect_backoff: Duration::from_secs(5),
             policy: Policy::ServeFromCache,
             store_pool_size: 4,
+            max_cached_entries: 1_000_000,
             listen: true,
             #[cfg(feature = "redis")]
             shared_cache: None,
@@ -71,6 +76,9 @@ struct Inner {
     counters: Arc<Counters>,
     store: Store,
     policy: Policy,
+    /// The misses being filled, by key: a miss for a key already being filled waits for that
+    /// fill and reads what it cached (one directory query per key at a time).
+    inflight: Mutex<HashMap<EntityKey, Weak<tokio::sync::Mutex<()>>>>,
     _watcher: AbortOnDrop,
     #[cfg(feature = "redis")]
     shared: Option<crate::shared_cache::SharedCache>,
@@ -105,7 +113,7 @@ impl Directory {
         let counters = Arc::new(Counters::default());
         let store = Store::new(config.clone(), settings.store_pool_size, counters.clone())?;
         let (version, _) = store.current_version().await?;
-        let cache = Arc::new(Cache::new(version));
+        let cache = Arc::new(Cache::new(version, settings.max_cached_entries));
         let watch = Arc::new(Watch::default());
         let watcher = Watcher {
             config,
@@ -130,6 +138,7 @@ impl Directory {
                 counters,
                 store,
                 policy: settings.policy,
+                inflight: Mutex::default(),
                 _watcher: task,
                 #[cfg(feature = "redis")]
                 shared,
@@ -149,21 +158,50 @@ impl Directory {
     /// is reconnecting, cached entries may have missed an invalidation: lookups go to the store.
     /// Only when the store cannot be reached does the [`Policy`] decide.
     pub async fn lookup_key(&self, key: &EntityKey) -> Result<Arc<Entry>> {
-        let inner = &self.inner;
-        let (current, stale) = match inner.cache.get(key) {
-            Lookup::Current(e) => (Some(e), None),
-            Lookup::Stale(e) => (None, Some(e)),
-            Lookup::Absent => (None, None),
-        };
-        if let Some(e) = current.as_ref().filter(|_| inner.watch.connected()) {
-            inner.counters.hit();
-            return Ok(e.clone());
+        if let Some(answer) = self.current(key) {
+            self.inner.counters.hit();
+            return answer;
         }
-        inner.counters.miss();
+        self.inner.counters.miss();
+        let gate = self.gate(key);
+        let _turn = gate.lock().await;
+        // The miss this one waited for may have filled it.
+        if let Some(answer) = self.current(key) {
+            return answer;
+        }
+        let cached = match self.inner.cache.get(key) {
+            Lookup::Current(e) => e,
+            Lookup::Stale(e) => Some(e),
+            Lookup::Absent => None,
+        };
         match self.fill(key).await {
-            Err(Error::DirectoryUnavailable(e)) => self.degraded(key, current.or(stale), Some(e)),
+            Err(Error::DirectoryUnavailable(e)) => self.degraded(key, cached, Some(e)),
             other => other,
         }
+    }
+
+    /// The cached answer for `key`, when it is current and the watcher is there to say so.
+    fn current(&self, key: &EntityKey) -> Option<Result<Arc<Entry>>> {
+        if !self.inner.watch.connected() {
+            return None;
+        }
+        match self.inner.cache.get(key) {
+            Lookup::Current(Some(e)) => Some(Ok(e)),
+            Lookup::Current(None) => Some(Err(Error::UnknownEntity(key.clone()))),
+            Lookup::Stale(_) | Lookup::Absent => None,
+        }
+    }
+
+    /// The gate misses of `key` pass one at a time.
+    fn gate(&self, key: &EntityKey) -> Arc<tokio::sync::Mutex<()>> {
+        let mut inflight = self.inner.inflight.lock().expect("inflight lock");
+        if let Some(gate) = inflight.get(key).and_then(Weak::upgrade) {
+            return gate;
+        }
+        inflight.retain(|_, gate| gate.strong_count() > 0);
+        let gate = Arc::new(tokio::sync::Mutex::new(()));
+        inflight.insert(key.clone(), Arc::downgrade(&gate));
+        gate
     }
 
     fn degraded(
@@ -196,8 +234,9 @@ impl Directory {
             if let Some(shared) = &inner.shared {
                 let known = inner.cache.version();
                 if let Some(entry) = shared.get(key, known, &inner.counters).await {
+                    let at = entry.directory_version;
                     let entry = Arc::new(entry);
-                    if inner.cache.fill(entry.clone()) {
+                    if inner.cache.fill(key, Some(entry.clone()), at) {
                         return Ok(entry);
                     }
                 }
@@ -221,11 +260,11 @@ impl Directory {
             // A fetch can see a version the watcher has not announced yet.
             inner.cache.invalidate(at);
             let Some(entry) = entry else {
-                inner.cache.remove(key);
+                inner.cache.fill(key, None, at);
                 return Err(Error::UnknownEntity(key.clone()));
             };
             let entry = Arc::new(entry);
-            if inner.cache.fill(entry.clone()) {
+            if inner.cache.fill(key, Some(entry.clone()), at) {
                 #[cfg(feature = "redis")]
                 if let Some(shared) = &inner.shared {
                     shared.put(&entry).await;
@@ -253,7 +292,7 @@ impl Directory {
             directory_version: version,
             ..entry.clone()
         };
-        cache.fill(Arc::new(learned));
+        cache.fill(&entry.key, Some(Arc::new(learned)), version);
     }
 
     /// Re-reads the global version (after a shard said this client is stale).

@@ -184,3 +184,58 @@ async fn is_retryable_covers_the_transient_server_errors() {
     let killed = fail("SELECT pg_terminate_backend(pg_backend_pid())").await;
     assert!(killed.is_retryable(), "{killed:?}");
 }
+
+/// Item 6: concurrent misses for one key make one directory query; an unknown entity is cached
+/// (until the next change) like any entry.
+#[tokio::test]
+async fn concurrent_misses_make_one_query_and_unknown_entities_are_cached() {
+    let t = Topology::start("singleflight").await;
+    t.add_tenant("1", "shard_1").await;
+    let d = t.client_directory(DirectoryConfig::default()).await;
+    // Hold the first fill between its query and its store into the cache until all ten
+    // lookups have missed.
+    let release = std::sync::Arc::new(tokio::sync::Notify::new());
+    let hook_release = release.clone();
+    d.set_fill_hook(Some(std::sync::Arc::new(move || {
+        let release = hook_release.clone();
+        Box::pin(async move { release.notified().await })
+    })));
+    let (misses, queries) = (d.stats().cache_misses, d.stats().store_queries);
+    let lookups = futures_util::future::join_all((0..10).map(|_| d.lookup("tenant", "1")));
+    let release_when_all_missed = async {
+        eventually("ten lookups to miss", DEADLINE, || async {
+            (d.stats().cache_misses == misses + 10).then_some(())
+        })
+        .await;
+        d.set_fill_hook(None);
+        release.notify_waiters();
+        release.notify_one();
+    };
+    let (answers, ()) = tokio::time::timeout(
+        DEADLINE,
+        futures_util::future::join(lookups, release_when_all_missed),
+    )
+    .await
+    .expect("the lookups answer");
+    assert!(answers
+        .iter()
+        .all(|a| a.as_ref().unwrap().shard_name == "shard_1"));
+    assert_eq!(
+        d.stats().store_queries,
+        queries + 1,
+        "one query for ten misses"
+    );
+
+    // An unknown entity: asked twice, read once, and found once it exists.
+    let queries = d.stats().store_queries;
+    for _ in 0..2 {
+        assert!(matches!(
+            d.lookup("tenant", "404").await,
+            Err(shard_directory_client::Error::UnknownEntity(_))
+        ));
+    }
+    assert_eq!(d.stats().store_queries, queries + 1);
+    let v = t.add_tenant("404", "shard_2").await;
+    reaches(&d, v).await;
+    assert_eq!(lookup_in_time(&d, "404").await, "shard_2");
+}
