@@ -37,7 +37,8 @@ pub use error::{Error, Result};
 pub use metrics::Stats;
 pub use policy::Policy;
 pub use rejection::Rejection;
-pub use router::{Reads, RetryPolicy, Router, ShardConfig};
+pub use router::{Reads, RetryPolicy, Router, ShardConfig, TxOptions};
 #[cfg(feature = "redis")]
 pub use shared_cache::SharedCacheConfig;
+pub use tokio_postgres::IsolationLevel;
 pub use watcher::APPLICATION_NAME as WATCHER_APPLICATION_NAME;

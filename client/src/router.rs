@@ -2,11 +2,12 @@
 //! stamped with the client's directory version, and re-runs it when the shard says the route
 //! was stale.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use tokio_postgres::{NoTls, Transaction};
+use tokio_postgres::{IsolationLevel, NoTls, Transaction};
 
 use crate::directory::Directory;
 use crate::entry::{EntityKey, Entry, State};
@@ -117,8 +118,42 @@ impl<T> Reads<T> {
     }
 }
 
+/// The client's version and entity for the shard's check, set for this transaction only.
 const STAMP: &str = "SELECT set_config('app.directory_version', $1, true), \
                      set_config('app.entity_type', $2, true), set_config('app.entity_id', $3, true)";
+
+/// A write's stamp also runs the check, so a stale route is refused before the closure runs
+/// (whatever error type the closure returns); the check's lock then holds every fence of the
+/// shard back until this transaction ends. The subquery (volatile, so not flattened) sets the
+/// settings first.
+const STAMP_AND_CHECK: &str = "SELECT shard_directory.assert_directory_version() FROM (\
+                     SELECT set_config('app.directory_version', $1, true), \
+                     set_config('app.entity_type', $2, true), set_config('app.entity_id', $3, true)) stamp";
+
+/// How a routed transaction begins: its isolation level and whether it is read-only (set at
+/// BEGIN, before the stamp, as `SET TRANSACTION` would have to be).
+#[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
+pub struct TxOptions {
+    /// `None`: the server's default.
+    pub isolation: Option<IsolationLevel>,
+    /// `BEGIN READ ONLY`.
+    pub read_only: bool,
+}
+
+impl TxOptions {
+    /// With this isolation level.
+    pub fn isolation(mut self, level: IsolationLevel) -> Self {
+        self.isolation = Some(level);
+        self
+    }
+
+    /// Read-only.
+    pub fn read_only(mut self) -> Self {
+        self.read_only = true;
+        self
+    }
+}
 
 /// Routes work to shards.
 ///
@@ -131,10 +166,11 @@ const STAMP: &str = "SELECT set_config('app.directory_version', $1, true), \
 ///     ShardConfig::new("shard_2", "host=10.0.0.2 dbname=app user=app".parse().unwrap()),
 /// ])?;
 /// let tenant = EntityKey::new("tenant", "8842");
+/// // The closure returns your own error type (here this crate's); an `Err` rolls back.
 /// router
 ///     .run(&tenant, async |tx| {
 ///         tx.execute("INSERT INTO orders (tenant_id, item) VALUES ($1, $2)", &[&"8842", &"book"]).await?;
-///         Ok(())
+///         Ok::<_, shard_directory_client::Error>(())
 ///     })
 ///     .await?;
 /// # Ok(()) }
@@ -185,35 +221,56 @@ impl Router {
     }
 
     /// Runs `f` as one read-write transaction on the shard that owns `key`. The transaction first
-    /// sets `app.directory_version`, `app.entity_type` and `app.entity_id` (one round trip); when
-    /// the shard refuses it with 40001 the whole closure is re-run on a refreshed route until
-    /// [`RetryPolicy::deadline`]. While the entity is `read_only` no round trip is made: the
-    /// write waits (with backoff) for the freeze to end, and past the deadline fails with
-    /// [`Error::ReadOnly`]. Other errors are returned untouched.
-    pub async fn run<T, F>(&self, key: &EntityKey, mut f: F) -> Result<T>
+    /// sets `app.directory_version`, `app.entity_type` and `app.entity_id` and runs the shard's
+    /// check (one statement); when the shard refuses it with 40001 (there, or in the closure) the
+    /// whole closure is re-run on a refreshed route until [`RetryPolicy::deadline`]. While the
+    /// entity is `read_only` no round trip is made: the write waits (with backoff) for the freeze
+    /// to end, and past the deadline fails with [`Error::ReadOnly`]. The closure returns the
+    /// caller's own error type; an `Err` rolls the transaction back and is returned as it is.
+    pub async fn run<T, E, F>(&self, key: &EntityKey, f: F) -> Result<T, E>
     where
-        F: AsyncFnMut(&Transaction<'_>) -> Result<T, tokio_postgres::Error>,
+        F: AsyncFnMut(&Transaction<'_>) -> Result<T, E>,
+        E: From<Error> + 'static,
+    {
+        self.run_with(key, TxOptions::default(), f).await
+    }
+
+    /// [`Router::run`] with an isolation level, or read-only.
+    pub async fn run_with<T, E, F>(
+        &self,
+        key: &EntityKey,
+        options: TxOptions,
+        mut f: F,
+    ) -> Result<T, E>
+    where
+        F: AsyncFnMut(&Transaction<'_>) -> Result<T, E>,
+        E: From<Error> + 'static,
     {
         self.with_retries(key, async |entry: &Entry| {
-            if entry.state == State::ReadOnly {
+            if entry.state == State::ReadOnly && !options.read_only {
                 return Err(Attempt::ReadOnly);
             }
-            self.attempt(&entry.shard_name, entry, &mut f).await
+            self.attempt(&entry.shard_name, entry, options, STAMP_AND_CHECK, &mut f)
+                .await
         })
         .await
     }
 
-    /// Runs `f` as a read transaction. While the entity is `migrating` it runs on both the source
-    /// and the target and returns both results; otherwise on the owning shard.
-    pub async fn read<T, F>(&self, key: &EntityKey, mut f: F) -> Result<Reads<T>>
+    /// Runs `f` as a read-only transaction. While the entity is `migrating` it runs on both the
+    /// source and the target and returns both results; otherwise on the owning shard.
+    pub async fn read<T, E, F>(&self, key: &EntityKey, mut f: F) -> Result<Reads<T>, E>
     where
-        F: AsyncFnMut(&Transaction<'_>) -> Result<T, tokio_postgres::Error>,
+        F: AsyncFnMut(&Transaction<'_>) -> Result<T, E>,
+        E: From<Error> + 'static,
     {
+        let options = TxOptions::default().read_only();
         self.with_retries(key, async |entry: &Entry| {
-            let source = self.attempt(&entry.shard_name, entry, &mut f).await?;
+            let source = self
+                .attempt(&entry.shard_name, entry, options, STAMP, &mut f)
+                .await?;
             match (&entry.state, &entry.target_shard) {
                 (State::Migrating, Some(target)) => {
-                    let target = self.attempt(target, entry, &mut f).await?;
+                    let target = self.attempt(target, entry, options, STAMP, &mut f).await?;
                     Ok(Reads::Both { source, target })
                 }
                 _ => Ok(Reads::One(source)),
@@ -222,11 +279,11 @@ impl Router {
         .await
     }
 
-    async fn with_retries<T>(
+    async fn with_retries<T, E: From<Error>>(
         &self,
         key: &EntityKey,
-        mut once: impl AsyncFnMut(&Entry) -> Result<T, Attempt>,
-    ) -> Result<T> {
+        mut once: impl AsyncFnMut(&Entry) -> Result<T, Attempt<E>>,
+    ) -> Result<T, E> {
         let started = Instant::now();
         let mut attempt = 0;
         loop {
@@ -237,10 +294,11 @@ impl Router {
             let counters = self.directory.counters();
             let (rejection, source) = match once(&entry).await {
                 Ok(t) => return Ok(t),
-                Err(Attempt::Fatal(e)) => return Err(e),
+                Err(Attempt::Fatal(e)) => return Err(e.into()),
+                Err(Attempt::Caller(e)) => return Err(e),
                 Err(Attempt::ReadOnly) if out_of_time => {
                     tracing::warn!(entity = %key, attempts = attempt, "gave up waiting for a cutover to end");
-                    return Err(Error::ReadOnly(key.clone()));
+                    return Err(Error::ReadOnly(key.clone()).into());
                 }
                 Err(Attempt::ReadOnly) => {
                     counters.retried();
@@ -253,11 +311,15 @@ impl Router {
             tracing::debug!(entity = %key, %rejection, attempt, "shard refused the transaction");
             if out_of_time {
                 tracing::warn!(entity = %key, %rejection, attempts = attempt, "shard kept refusing the transaction; giving up");
-                return Err(Error::Rejected {
-                    entity: key.clone(),
-                    attempts: attempt,
-                    rejection,
-                    source,
+                return Err(match source {
+                    Refusal::Ours(source) => Error::Rejected {
+                        entity: key.clone(),
+                        attempts: attempt,
+                        rejection,
+                        source,
+                    }
+                    .into(),
+                    Refusal::Caller(e) => e,
                 });
             }
             counters.retried();
@@ -279,10 +341,19 @@ impl Router {
         }
     }
 
-    /// One transaction on `shard`, stamped with the entry's directory version.
-    async fn attempt<T, F>(&self, shard: &str, entry: &Entry, f: &mut F) -> Result<T, Attempt>
+    /// One transaction on `shard`, begun with `options` and stamped (`stamp`) with the entry's
+    /// directory version. An `Err` from `f` rolls it back.
+    async fn attempt<T, E, F>(
+        &self,
+        shard: &str,
+        entry: &Entry,
+        options: TxOptions,
+        stamp: &str,
+        f: &mut F,
+    ) -> Result<T, Attempt<E>>
     where
-        F: AsyncFnMut(&Transaction<'_>) -> Result<T, tokio_postgres::Error>,
+        F: AsyncFnMut(&Transaction<'_>) -> Result<T, E>,
+        E: 'static,
     {
         let pool = self.pools.get(shard).ok_or_else(|| {
             Attempt::Fatal(Error::UnknownShard {
@@ -296,9 +367,13 @@ impl Router {
                 source,
             })
         })?;
-        let tx = client.transaction().await.map_err(Attempt::from)?;
+        let mut begin = client.build_transaction().read_only(options.read_only);
+        if let Some(level) = options.isolation {
+            begin = begin.isolation_level(level);
+        }
+        let tx = begin.start().await.map_err(Attempt::db)?;
         tx.execute(
-            STAMP,
+            stamp,
             &[
                 &entry.directory_version.to_string(),
                 &entry.key.entity_type,
@@ -306,27 +381,59 @@ impl Router {
             ],
         )
         .await
-        .map_err(Attempt::from)?;
-        let out = f(&tx).await.map_err(Attempt::from)?;
-        tx.commit().await.map_err(Attempt::from)?;
-        Ok(out)
+        .map_err(Attempt::db)?;
+        match f(&tx).await {
+            Ok(out) => {
+                tx.commit().await.map_err(Attempt::db)?;
+                Ok(out)
+            }
+            Err(e) => {
+                // Best effort: a broken connection rolls back by itself.
+                let _ = tx.rollback().await;
+                Err(Attempt::caller(e))
+            }
+        }
     }
 }
 
 /// How one attempt ended, when it did not succeed.
-enum Attempt {
+enum Attempt<E> {
     /// The entity is `read_only`: nothing was sent; wait for the freeze to end.
     ReadOnly,
     /// The shard refused the route (40001): worth re-running.
-    Refused(Rejection, tokio_postgres::Error),
+    Refused(Rejection, Refusal<E>),
     Fatal(Error),
+    /// The closure's own error, not a refusal: returned as it is.
+    Caller(E),
 }
 
-impl From<tokio_postgres::Error> for Attempt {
-    fn from(e: tokio_postgres::Error) -> Self {
+/// The error that carried a refusal: one of the router's statements, or the closure's.
+enum Refusal<E> {
+    Ours(tokio_postgres::Error),
+    Caller(E),
+}
+
+impl<E: 'static> Attempt<E> {
+    fn db(e: tokio_postgres::Error) -> Self {
         match Rejection::of(&e) {
-            Some(r) => Attempt::Refused(r, e),
+            Some(r) => Attempt::Refused(r, Refusal::Ours(e)),
             None => Attempt::Fatal(Error::Db(e)),
+        }
+    }
+
+    /// A refusal is recognised in the closure's error when it is a `tokio_postgres::Error` or
+    /// this crate's `Error::Db`; any other error type is returned untouched.
+    fn caller(e: E) -> Self {
+        let any = &e as &dyn Any;
+        let db = any.downcast_ref::<tokio_postgres::Error>().or_else(|| {
+            match any.downcast_ref::<Error>() {
+                Some(Error::Db(db)) => Some(db),
+                _ => None,
+            }
+        });
+        match db.and_then(Rejection::of) {
+            Some(r) => Attempt::Refused(r, Refusal::Caller(e)),
+            None => Attempt::Caller(e),
         }
     }
 }

@@ -213,7 +213,7 @@ async fn a_moved_repair_carries_the_fences_version_so_a_later_move_is_not_missed
         directory.refresh().await.expect("refresh");
         tx.execute("INSERT INTO orders VALUES ('8842', $1)", &[&item])
             .await?;
-        Ok(())
+        Ok::<_, Error>(())
     })
     .await
     .expect("the write lands after repairs");
@@ -231,8 +231,10 @@ async fn other_errors_are_returned_untouched_and_not_retried() {
     let r = t.router(t.client_directory(DirectoryConfig::default()).await);
     let err = r
         .run(&tenant("8842"), async |tx| {
-            tx.execute("INSERT INTO no_such_table VALUES (1)", &[])
-                .await
+            Ok::<_, Error>(
+                tx.execute("INSERT INTO no_such_table VALUES (1)", &[])
+                    .await?,
+            )
         })
         .await
         .unwrap_err();
@@ -271,7 +273,7 @@ async fn migrating_reads_both_shards_and_read_only_refuses_writes_before_any_rou
         .step("SELECT shard_directory.begin_move('tenant', '8842', 'shard_2')")
         .await;
     reaches(&d, v).await;
-    let count = async |tx: &tokio_postgres::Transaction<'_>| -> Result<i64, tokio_postgres::Error> {
+    let count = async |tx: &tokio_postgres::Transaction<'_>| -> Result<i64, Error> {
         Ok(tx
             .query_one("SELECT count(*) FROM orders WHERE tenant_id = '8842'", &[])
             .await?

@@ -163,9 +163,12 @@ async fn is_retryable_covers_the_transient_server_errors() {
     let r = t.router(d);
     let key = shard_directory_client::EntityKey::new("tenant", "1");
     let fail = async |sql: &'static str| {
-        r.run(&key, async |tx| tx.batch_execute(sql).await)
-            .await
-            .unwrap_err()
+        r.run(&key, async |tx| {
+            tx.batch_execute(sql).await?;
+            Ok::<_, shard_directory_client::Error>(())
+        })
+        .await
+        .unwrap_err()
     };
     for (errcode, retryable) in [
         ("40P01", true),
@@ -238,4 +241,86 @@ async fn concurrent_misses_make_one_query_and_unknown_entities_are_cached() {
     let v = t.add_tenant("404", "shard_2").await;
     reaches(&d, v).await;
     assert_eq!(lookup_in_time(&d, "404").await, "shard_2");
+}
+
+/// The caller's own error type in the closure.
+#[derive(Debug)]
+enum AppError {
+    OutOfStock,
+    Routing(shard_directory_client::Error),
+}
+
+impl From<shard_directory_client::Error> for AppError {
+    fn from(e: shard_directory_client::Error) -> Self {
+        AppError::Routing(e)
+    }
+}
+
+impl From<tokio_postgres::Error> for AppError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        AppError::Routing(e.into())
+    }
+}
+
+/// Items 7 and 8: the closure returns the caller's error type and an `Err` rolls back;
+/// isolation level and read-only are set at BEGIN, and `read` is read-only.
+#[tokio::test]
+async fn the_closure_returns_its_own_error_type_and_transactions_take_options() {
+    use shard_directory_client::{IsolationLevel, TxOptions};
+    let t = Topology::start("txoptions").await;
+    t.add_tenant("1", "shard_1").await;
+    let r = t.router(t.client_directory(DirectoryConfig::default()).await);
+    let key = shard_directory_client::EntityKey::new("tenant", "1");
+    let err = r
+        .run(&key, async |tx| {
+            tx.execute("INSERT INTO orders VALUES ('1', 'reserved')", &[])
+                .await?;
+            Err::<(), _>(AppError::OutOfStock)
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AppError::OutOfStock), "{err:?}");
+    assert!(
+        t.orders("shard_1", "1").await.is_empty(),
+        "the business error rolled the insert back"
+    );
+    // The router's own errors come back in the caller's type too.
+    let unknown = shard_directory_client::EntityKey::new("tenant", "nope");
+    let err = r
+        .run(&unknown, async |_| Ok::<(), AppError>(()))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AppError::Routing(shard_directory_client::Error::UnknownEntity(_))
+        ),
+        "{err:?}"
+    );
+
+    let seen = r
+        .run_with(
+            &key,
+            TxOptions::default().isolation(IsolationLevel::Serializable),
+            async |tx| {
+                let row = tx
+                    .query_one("SELECT current_setting('transaction_isolation')", &[])
+                    .await?;
+                Ok::<String, AppError>(row.get(0))
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(seen, "serializable");
+    let read_only = r
+        .read(&key, async |tx| {
+            let row = tx
+                .query_one("SELECT current_setting('transaction_read_only')", &[])
+                .await?;
+            Ok::<String, AppError>(row.get(0))
+        })
+        .await
+        .unwrap()
+        .merge(|a, _| a);
+    assert_eq!(read_only, "on");
 }

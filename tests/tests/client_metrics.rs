@@ -32,7 +32,7 @@ async fn rejections_retries_and_cache_counters_reach_the_applications_recorder()
         .run(&EntityKey::new("tenant", "8842"), async |tx| {
             tx.execute("INSERT INTO orders VALUES ('8842', 'x')", &[])
                 .await?;
-            Ok(())
+            Ok::<_, shard_directory_client::Error>(())
         })
         .await
         .unwrap();

@@ -124,7 +124,7 @@ async fn main() {
     let writer = async {
         let (mut acked, mut refused) = (0u64, 0u64);
         while !*stopped.borrow() {
-            let done = router
+            let done: Result<(), shard_directory_client::Error> = router
                 .run(&EntityKey::new("tenant", "big"), async |tx| {
                     tx.execute(
                         "INSERT INTO orders (tenant_id, item) VALUES ('big', 'live')",

@@ -41,7 +41,7 @@ async fn write(router: &Router, tenant: &str, item: &str) {
         .run(&EntityKey::new("tenant", tenant), async |tx| {
             tx.execute("INSERT INTO orders VALUES ($1, $2)", &[&t, &i])
                 .await?;
-            Ok(())
+            Ok::<_, shard_directory_client::Error>(())
         })
         .await
         .expect("routed write");
