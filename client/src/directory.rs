@@ -10,6 +10,7 @@ use crate::entry::{EntityKey, Entry, State};
 use crate::error::{Error, Result};
 use crate::metrics::{Counters, Stats};
 use crate::policy::Policy;
+use crate::pool::Timeouts;
 use crate::store::Store;
 use crate::watcher::{AbortOnDrop, Watch, Watcher};
 
@@ -24,6 +25,13 @@ pub struct DirectoryConfig {
     pub policy: Policy,
     /// Connections used for cache misses.
     pub store_pool_size: usize,
+    /// How long to wait for a new connection to the directory (the store's and the watcher's),
+    /// unless the connection string sets `connect_timeout`.
+    pub connect_timeout: Duration,
+    /// How long a directory query (a miss, a refresh, the watcher's poll) or a wait for a pooled
+    /// connection may take. Past it the directory counts as unreachable: lookups go to the
+    /// [`Policy`], the watcher reconnects.
+    pub query_timeout: Duration,
     /// Entries the cache holds at most (unknown entities included); past it, entries filled
     /// before the latest invalidation go first, then any.
     pub max_cached_entries: usize,
@@ -42,6 +50,8 @@ impl Default for DirectoryConfig {
             max_reconnect_backoff: Duration::from_secs(5),
             policy: Policy::ServeFromCache,
             store_pool_size: 4,
+            connect_timeout: Duration::from_secs(5),
+            query_timeout: Duration::from_secs(5),
             max_cached_entries: 1_000_000,
             listen: true,
             #[cfg(feature = "redis")]
@@ -111,7 +121,16 @@ impl Directory {
         settings: DirectoryConfig,
     ) -> Result<Directory> {
         let counters = Arc::new(Counters::default());
-        let store = Store::new(config.clone(), settings.store_pool_size, counters.clone())?;
+        let timeouts = Timeouts {
+            connect: settings.connect_timeout,
+            query: settings.query_timeout,
+        };
+        let store = Store::new(
+            config.clone(),
+            settings.store_pool_size,
+            timeouts,
+            counters.clone(),
+        )?;
         let (version, _) = store.current_version().await?;
         let cache = Arc::new(Cache::new(version, settings.max_cached_entries));
         let watch = Arc::new(Watch::default());
@@ -121,6 +140,7 @@ impl Directory {
             watch: watch.clone(),
             counters: counters.clone(),
             poll_interval: settings.poll_interval,
+            timeouts,
             max_backoff: settings.max_reconnect_backoff,
             listen: settings.listen,
         };
@@ -175,7 +195,7 @@ impl Directory {
             Lookup::Absent => None,
         };
         match self.fill(key).await {
-            Err(Error::DirectoryUnavailable(e)) => self.degraded(key, cached, Some(e)),
+            Err(e) if e.is_directory_outage() => self.degraded(cached, e),
             other => other,
         }
     }
@@ -204,20 +224,9 @@ impl Directory {
         gate
     }
 
-    fn degraded(
-        &self,
-        key: &EntityKey,
-        cached: Option<Arc<Entry>>,
-        cause: Option<tokio_postgres::Error>,
-    ) -> Result<Arc<Entry>> {
-        let entry = self.inner.policy.degraded(cached, || match cause {
-            Some(e) => Error::DirectoryUnavailable(e),
-            None => Error::FailClosed {
-                entity: key.clone(),
-                state: None,
-                reason: "nothing cached for it",
-            },
-        })?;
+    /// The store could not be reached (`cause`): the policy decides whether `cached` is served.
+    fn degraded(&self, cached: Option<Arc<Entry>>, cause: Error) -> Result<Arc<Entry>> {
+        let entry = self.inner.policy.degraded(cached, || cause)?;
         self.inner.counters.served_stale();
         Ok(entry)
     }

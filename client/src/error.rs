@@ -9,6 +9,15 @@ pub enum Error {
     /// The directory store could not be reached and the policy did not allow serving from cache.
     #[error("shard directory unavailable: {0}")]
     DirectoryUnavailable(#[source] tokio_postgres::Error),
+    /// The directory did not answer within the configured time (a connection, a query, a free
+    /// pool slot): treated as unreachable.
+    #[error("shard directory did not answer {what} within {after:?}")]
+    DirectoryTimeout {
+        /// What was waited for.
+        what: &'static str,
+        /// The configured bound.
+        after: std::time::Duration,
+    },
     /// The directory answered with an error (permissions, a missing extension, ...).
     #[error("shard directory query failed: {0}")]
     Directory(#[source] tokio_postgres::Error),
@@ -68,10 +77,20 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether the directory could not be reached (or did not answer in time): what the outage
+    /// policy covers.
+    pub fn is_directory_outage(&self) -> bool {
+        matches!(
+            self,
+            Error::DirectoryUnavailable(_) | Error::DirectoryTimeout { .. }
+        )
+    }
+
     /// Whether running the same work again later can succeed without a code or config change.
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::DirectoryUnavailable(_)
+            | Error::DirectoryTimeout { .. }
             | Error::ReadOnly(_)
             | Error::FailClosed { .. }
             | Error::Rejected { .. }

@@ -22,6 +22,7 @@ mod entry;
 mod error;
 pub mod metrics;
 mod policy;
+mod pool;
 mod rejection;
 mod router;
 #[cfg(feature = "redis")]

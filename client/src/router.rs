@@ -6,12 +6,13 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use tokio_postgres::{IsolationLevel, NoTls, Transaction};
+use deadpool_postgres::Pool;
+use tokio_postgres::{IsolationLevel, Transaction};
 
 use crate::directory::Directory;
 use crate::entry::{EntityKey, Entry, State};
 use crate::error::{Error, Result};
+use crate::pool::{self, Timeouts};
 use crate::rejection::Rejection;
 
 /// Connection settings for one shard. The password (if any) lives in `config` and is never logged.
@@ -23,6 +24,11 @@ pub struct ShardConfig {
     pub config: tokio_postgres::Config,
     /// Connections in its pool.
     pub pool_size: usize,
+    /// How long to wait for a new connection (unless the connection string sets
+    /// `connect_timeout`) and for a free one in the pool; past it, `Error::ShardUnavailable`.
+    /// Statements themselves are bounded by the shard's `statement_timeout`, the application's
+    /// to choose.
+    pub connect_timeout: Duration,
 }
 
 impl ShardConfig {
@@ -39,6 +45,7 @@ impl ShardConfig {
             name: name.into(),
             config,
             pool_size: 8,
+            connect_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -52,6 +59,7 @@ impl std::fmt::Debug for ShardConfig {
             .field("dbname", &self.config.get_dbname())
             .field("user", &self.config.get_user())
             .field("pool_size", &self.pool_size)
+            .field("connect_timeout", &self.connect_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -189,16 +197,11 @@ impl Router {
     ) -> Result<Router> {
         let mut pools = HashMap::new();
         for shard in shards {
-            let manager = Manager::from_config(
-                shard.config,
-                NoTls,
-                ManagerConfig {
-                    recycling_method: RecyclingMethod::Fast,
-                },
-            );
-            let pool = Pool::builder(manager)
-                .max_size(shard.pool_size)
-                .build()
+            let timeouts = Timeouts {
+                connect: shard.connect_timeout,
+                query: shard.connect_timeout,
+            };
+            let pool = pool::build(shard.config, shard.pool_size, timeouts)
                 .map_err(|e| Error::Config(format!("shard {}: {e}", shard.name)))?;
             pools.insert(shard.name, pool);
         }

@@ -1,13 +1,14 @@
 //! The authoritative store: the directory database, read with prepared statements.
 
+use std::future::Future;
 use std::sync::Arc;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use tokio_postgres::NoTls;
+use deadpool_postgres::Pool;
 
 use crate::entry::{EntityKey, Entry, State};
 use crate::error::{Error, Result};
 use crate::metrics::Counters;
+use crate::pool::{self, Timeouts};
 
 /// The entry and the global version, from one snapshot, in one round trip.
 const FETCH: &str = "SELECT v.version, d.shard_name, d.target_shard, d.state, d.region, d.version \
@@ -21,6 +22,7 @@ pub(crate) const CURRENT_VERSION: &str =
 pub(crate) struct Store {
     pool: Pool,
     counters: Arc<Counters>,
+    timeouts: Timeouts,
 }
 
 /// A connection-level failure means "unreachable"; an error the server sent means it answered.
@@ -32,9 +34,18 @@ pub(crate) fn classify(e: tokio_postgres::Error) -> Error {
     }
 }
 
-fn pool_error(e: deadpool_postgres::PoolError) -> Error {
+fn pool_error(e: deadpool_postgres::PoolError, timeouts: Timeouts) -> Error {
+    use deadpool_postgres::{PoolError, TimeoutType};
     match e {
-        deadpool_postgres::PoolError::Backend(e) => classify(e),
+        PoolError::Backend(e) => classify(e),
+        PoolError::Timeout(TimeoutType::Create) => Error::DirectoryTimeout {
+            what: "a new connection",
+            after: timeouts.connect,
+        },
+        PoolError::Timeout(_) => Error::DirectoryTimeout {
+            what: "a pooled connection",
+            after: timeouts.query,
+        },
         other => Error::Config(format!("directory pool: {other}")),
     }
 }
@@ -43,31 +54,47 @@ impl Store {
     pub fn new(
         config: tokio_postgres::Config,
         size: usize,
+        timeouts: Timeouts,
         counters: Arc<Counters>,
     ) -> Result<Store> {
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(size)
-            .build()
+        let pool = pool::build(config, size, timeouts)
             .map_err(|e| Error::Config(format!("directory pool: {e}")))?;
-        Ok(Store { pool, counters })
+        Ok(Store {
+            pool,
+            counters,
+            timeouts,
+        })
+    }
+
+    /// Runs one query on a pooled connection, within the query timeout.
+    async fn query<T, F>(&self, run: impl FnOnce(deadpool_postgres::Object) -> F) -> Result<T>
+    where
+        F: Future<Output = Result<T, tokio_postgres::Error>>,
+    {
+        self.counters.store_query();
+        let timeouts = self.timeouts;
+        let work = async {
+            let client = self.pool.get().await.map_err(|e| pool_error(e, timeouts))?;
+            run(client).await.map_err(classify)
+        };
+        tokio::time::timeout(timeouts.query, work)
+            .await
+            .unwrap_or(Err(Error::DirectoryTimeout {
+                what: "a query",
+                after: timeouts.query,
+            }))
     }
 
     /// The entity's entry (None if it has none) and the global version it was read at.
     pub async fn fetch(&self, key: &EntityKey) -> Result<(Option<Entry>, i64)> {
-        self.counters.store_query();
-        let client = self.pool.get().await.map_err(pool_error)?;
-        let statement = client.prepare_cached(FETCH).await.map_err(classify)?;
-        let row = client
-            .query_one(&statement, &[&key.entity_type, &key.entity_id])
-            .await
-            .map_err(classify)?;
+        let row = self
+            .query(async |client| {
+                let statement = client.prepare_cached(FETCH).await?;
+                client
+                    .query_one(&statement, &[&key.entity_type, &key.entity_id])
+                    .await
+            })
+            .await?;
         let directory_version: i64 = row.get(0);
         let entry = row.get::<_, Option<String>>(1).map(|shard_name| Entry {
             key: key.clone(),
@@ -84,13 +111,12 @@ impl Store {
 
     /// The global version, and how long ago it changed.
     pub async fn current_version(&self) -> Result<(i64, f64)> {
-        self.counters.store_query();
-        let client = self.pool.get().await.map_err(pool_error)?;
-        let statement = client
-            .prepare_cached(CURRENT_VERSION)
-            .await
-            .map_err(classify)?;
-        let row = client.query_one(&statement, &[]).await.map_err(classify)?;
+        let row = self
+            .query(async |client| {
+                let statement = client.prepare_cached(CURRENT_VERSION).await?;
+                client.query_one(&statement, &[]).await
+            })
+            .await?;
         Ok((row.get(0), row.get(1)))
     }
 }

@@ -13,6 +13,7 @@ use tokio_postgres::{AsyncMessage, NoTls};
 use crate::cache::Cache;
 use crate::directory::adopt_lower;
 use crate::metrics::Counters;
+use crate::pool::{self, Timeouts};
 use crate::store::CURRENT_VERSION;
 
 /// What the watcher knows about its own health.
@@ -47,6 +48,7 @@ pub(crate) struct Watcher {
     pub watch: Arc<Watch>,
     pub counters: Arc<Counters>,
     pub poll_interval: Duration,
+    pub timeouts: Timeouts,
     pub max_backoff: Duration,
     pub listen: bool,
 }
@@ -79,12 +81,13 @@ impl Watcher {
     }
 
     /// One connection's life; returns why it ended.
-    async fn session(&self, failures: &mut u32) -> tokio_postgres::Error {
+    async fn session(&self, failures: &mut u32) -> Ended {
         let mut config = self.config.clone();
         config.application_name(APPLICATION_NAME);
+        pool::harden(&mut config, self.timeouts.connect);
         let (client, mut connection) = match config.connect(NoTls).await {
             Ok(c) => c,
-            Err(e) => return e,
+            Err(e) => return Ended::Db(e),
         };
         let (tx, mut notifications) = mpsc::unbounded_channel();
         let driver = tokio::spawn(async move {
@@ -103,7 +106,7 @@ impl Watcher {
             }
         });
         let _driver = AbortOnDrop(driver);
-        let result: Result<std::convert::Infallible, tokio_postgres::Error> = async {
+        let mut session = async || -> Result<std::convert::Infallible, Ended> {
             if self.listen {
                 client.batch_execute("LISTEN shard_directory").await?;
             }
@@ -116,8 +119,16 @@ impl Watcher {
                 ))
             };
             // Below the known version once is a race with a fill that read later; twice in a row,
-            // the directory went back.
-            let read = async || -> Result<(), tokio_postgres::Error> {
+            // the directory went back. A directory that does not answer within the query timeout
+            // ends the session: the watcher reconnects (and lookups meanwhile go to the store).
+            let after = self.timeouts.query;
+            let read_once = async || -> Result<(i64, Option<Duration>), Ended> {
+                tokio::time::timeout(after, read_once())
+                    .await
+                    .map_err(|_| Ended::Timeout(after))?
+                    .map_err(Ended::Db)
+            };
+            let read = async || -> Result<(), Ended> {
                 let (mut version, mut lag) = read_once().await?;
                 let known = self.cache.version();
                 if version < known {
@@ -150,7 +161,7 @@ impl Watcher {
                                 read().await?;
                             }
                         }
-                        Some(Err(e)) => return Err(e),
+                        Some(Err(e)) => return Err(Ended::Db(e)),
                         // The connection ended without an error message: the next query
                         // returns the "connection closed" error that ends this session.
                         None => { client.simple_query("").await?; }
@@ -158,13 +169,21 @@ impl Watcher {
                     _ = ticker.tick() => read().await?,
                 }
             }
-        }
-        .await;
-        match result {
+        };
+        match session().await {
             Err(e) => e,
             Ok(never) => match never {},
         }
     }
+}
+
+/// Why a watcher session ended.
+#[derive(Debug, thiserror::Error)]
+enum Ended {
+    #[error(transparent)]
+    Db(#[from] tokio_postgres::Error),
+    #[error("the directory did not answer the version poll within {0:?}")]
+    Timeout(Duration),
 }
 
 /// Aborts a spawned task when dropped.

@@ -196,6 +196,25 @@ impl Cluster {
         &self.name
     }
 
+    /// Freezes every process of the cluster with SIGSTOP: it accepts nothing and answers
+    /// nothing, as a server behind a link that silently drops packets. Thawed (SIGCONT) when the
+    /// guard drops, also when a test fails.
+    pub fn freeze(&self) -> Frozen<'_> {
+        let pid = fs::read_to_string(self.root.join("data/postmaster.pid"))
+            .expect("postmaster.pid")
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_owned();
+        signal("-STOP", &pid);
+        signal_children("-STOP", &pid);
+        Frozen {
+            pid,
+            _cluster: self,
+        }
+    }
+
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -301,6 +320,27 @@ impl Cluster {
     pub fn server_log(&self) -> String {
         fs::read_to_string(self.root.join("server.log")).unwrap_or_default()
     }
+}
+
+/// A cluster frozen by [`Cluster::freeze`]; thawed on drop.
+pub struct Frozen<'a> {
+    pid: String,
+    _cluster: &'a Cluster,
+}
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        signal_children("-CONT", &self.pid);
+        signal("-CONT", &self.pid);
+    }
+}
+
+fn signal(sig: &str, pid: &str) {
+    let _ = Command::new("kill").args([sig, pid]).status();
+}
+
+fn signal_children(sig: &str, parent: &str) {
+    let _ = Command::new("pkill").args([sig, "-P", parent]).status();
 }
 
 impl Drop for Cluster {

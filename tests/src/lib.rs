@@ -7,7 +7,7 @@ pub mod redis;
 pub mod topology;
 mod wait;
 
-pub use cluster::{Cluster, Listener};
+pub use cluster::{Cluster, Frozen, Listener};
 pub use topology::Topology;
 pub use wait::eventually;
 

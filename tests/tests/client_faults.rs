@@ -324,3 +324,52 @@ async fn the_closure_returns_its_own_error_type_and_transactions_take_options() 
         .merge(|a, _| a);
     assert_eq!(read_only, "on");
 }
+
+/// Item 4: a directory that silently stops answering (SIGSTOP: it accepts nothing and answers
+/// nothing, as behind a link that drops packets) moves lookups to the outage policy within the
+/// configured bounds; the watcher gives up at its poll deadline.
+#[tokio::test]
+async fn a_directory_that_stops_answering_moves_lookups_to_the_policy_in_bounded_time() {
+    let t = Topology::start("silent").await;
+    t.add_tenant("1", "shard_1").await;
+    let v = t.add_tenant("2", "shard_1").await;
+    let second = Duration::from_secs(1);
+    let d = t
+        .client_directory(DirectoryConfig {
+            poll_interval: second,
+            query_timeout: second,
+            connect_timeout: second,
+            ..Default::default()
+        })
+        .await;
+    reaches(&d, v).await;
+    assert_eq!(lookup_in_time(&d, "1").await, "shard_1");
+
+    let frozen = t.directory.freeze();
+    eventually(
+        "the watcher to give up on the silent directory",
+        DEADLINE,
+        || async { (!d.is_connected()).then_some(()) },
+    )
+    .await;
+    // The cached active entry: the store does not answer in time, the policy serves the cache.
+    let stale = d.stats().serving_stale;
+    assert_eq!(lookup_in_time(&d, "1").await, "shard_1");
+    assert_eq!(d.stats().serving_stale, stale + 1);
+    // Nothing cached: the policy's error says the directory did not answer.
+    let err = tokio::time::timeout(DEADLINE, d.lookup("tenant", "2"))
+        .await
+        .expect("a bounded answer")
+        .unwrap_err();
+    assert!(
+        matches!(err, shard_directory_client::Error::DirectoryTimeout { .. }) && err.is_retryable(),
+        "{err:?}"
+    );
+
+    drop(frozen);
+    eventually("the watcher to reconnect", DEADLINE, || async {
+        d.is_connected().then_some(())
+    })
+    .await;
+    assert_eq!(lookup_in_time(&d, "2").await, "shard_1");
+}
