@@ -370,13 +370,15 @@ impl Router {
                 source,
             })
         })?;
+        // Prepared once per connection: after the first use the stamp is one round trip.
+        let stamp = client.prepare_cached(stamp).await.map_err(Attempt::db)?;
         let mut begin = client.build_transaction().read_only(options.read_only);
         if let Some(level) = options.isolation {
             begin = begin.isolation_level(level);
         }
         let tx = begin.start().await.map_err(Attempt::db)?;
         tx.execute(
-            stamp,
+            &stamp,
             &[
                 &entry.directory_version.to_string(),
                 &entry.key.entity_type,

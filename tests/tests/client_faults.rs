@@ -373,3 +373,34 @@ async fn a_directory_that_stops_answering_moves_lookups_to_the_policy_in_bounded
     .await;
     assert_eq!(lookup_in_time(&d, "2").await, "shard_1");
 }
+
+/// Item 9: the stamp is prepared once per connection; a routed transaction then costs BEGIN and
+/// one round trip for the stamp (no prepare). Seen from inside the session: the stamp's
+/// prepared statement is the same one, prepared at the same time, in two transactions.
+#[tokio::test]
+async fn the_stamp_is_prepared_once_per_connection() {
+    let t = Topology::start("stamp").await;
+    t.add_tenant("1", "shard_1").await;
+    let r = t.router(t.client_directory(DirectoryConfig::default()).await);
+    let key = shard_directory_client::EntityKey::new("tenant", "1");
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let prepared: Vec<String> = r
+            .run(&key, async |tx| {
+                let rows = tx
+                    .query(
+                        "SELECT name || ' ' || prepare_time::text FROM pg_prepared_statements \
+                         WHERE statement LIKE '%app.directory_version%' \
+                           AND statement NOT LIKE '%pg_prepared_statements%'",
+                        &[],
+                    )
+                    .await?;
+                Ok::<_, shard_directory_client::Error>(rows.iter().map(|r| r.get(0)).collect())
+            })
+            .await
+            .unwrap();
+        assert_eq!(prepared.len(), 1, "{prepared:?}");
+        seen.push(prepared);
+    }
+    assert_eq!(seen[0], seen[1], "not prepared again");
+}
