@@ -304,6 +304,11 @@ impl Directory {
         cache.fill(&entry.key, Some(Arc::new(learned)), version);
     }
 
+    /// Where `shard` is, from the directory's registry (`shards.conninfo`).
+    pub(crate) async fn shard_conninfo(&self, shard: &str) -> Result<Option<String>> {
+        self.inner.store.conninfo(shard).await
+    }
+
     /// Re-reads the global version (after a shard said this client is stale).
     pub async fn refresh(&self) -> Result<i64> {
         let (version, _) = self.inner.store.current_version().await?;

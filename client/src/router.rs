@@ -4,6 +4,7 @@
 
 use std::any::Any;
 use std::collections::HashMap;
+use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
@@ -185,7 +186,9 @@ impl TxOptions {
 /// ```
 pub struct Router {
     directory: Directory,
-    pools: HashMap<String, Pool>,
+    pools: RwLock<HashMap<String, Pool>>,
+    /// Set by [`Router::learn_shards`]: how to connect to a shard this router was not given.
+    learn: Option<ShardConfig>,
     retry: RetryPolicy,
 }
 
@@ -207,9 +210,69 @@ impl Router {
         }
         Ok(Router {
             directory,
-            pools,
+            pools: RwLock::new(pools),
+            learn: None,
             retry: RetryPolicy::default(),
         })
+    }
+
+    /// Routes to `name` through a pool the application already has.
+    pub fn with_pool(self, name: impl Into<String>, pool: Pool) -> Self {
+        self.pools
+            .write()
+            .expect("pools lock")
+            .insert(name.into(), pool);
+        self
+    }
+
+    /// Shards this router was not given (one added after it started, that a tenant has just
+    /// moved to) are learned from the directory's registry: `shards.conninfo` says where the
+    /// shard is; `credentials` says who connects (its user and password replace the
+    /// conninfo's), with its pool size and timeouts. Without it, such a shard is
+    /// [`Error::UnknownShard`].
+    pub fn learn_shards(mut self, credentials: ShardConfig) -> Self {
+        self.learn = Some(credentials);
+        self
+    }
+
+    /// The pool for `shard`, learning it from the registry when allowed.
+    async fn pool(&self, shard: &str, entity: &EntityKey) -> Result<Pool> {
+        if let Some(pool) = self.pools.read().expect("pools lock").get(shard) {
+            return Ok(pool.clone());
+        }
+        let unknown = || Error::UnknownShard {
+            entity: entity.clone(),
+            shard: shard.to_owned(),
+        };
+        let Some(template) = &self.learn else {
+            return Err(unknown());
+        };
+        let Some(conninfo) = self.directory.shard_conninfo(shard).await? else {
+            return Err(unknown());
+        };
+        let mut config: tokio_postgres::Config = conninfo
+            .parse()
+            .map_err(|e| Error::Config(format!("shards.conninfo of \"{shard}\": {e}")))?;
+        if let Some(user) = template.config.get_user() {
+            config.user(user);
+        }
+        if let Some(password) = template.config.get_password() {
+            config.password(password);
+        }
+        let timeouts = Timeouts {
+            connect: template.connect_timeout,
+            query: template.connect_timeout,
+        };
+        let pool = pool::build(config, template.pool_size, timeouts)
+            .map_err(|e| Error::Config(format!("shard {shard}: {e}")))?;
+        tracing::info!(shard, "learned a shard from the directory's registry");
+        Ok(self
+            .pools
+            .write()
+            .expect("pools lock")
+            .entry(shard.to_owned())
+            .or_insert(pool)
+            .clone())
     }
 
     /// Replaces the default [`RetryPolicy`].
@@ -358,12 +421,7 @@ impl Router {
         F: AsyncFnMut(&Transaction<'_>) -> Result<T, E>,
         E: 'static,
     {
-        let pool = self.pools.get(shard).ok_or_else(|| {
-            Attempt::Fatal(Error::UnknownShard {
-                entity: entry.key.clone(),
-                shard: shard.to_owned(),
-            })
-        })?;
+        let pool = self.pool(shard, &entry.key).await.map_err(Attempt::Fatal)?;
         let mut client = pool.get().await.map_err(|source| {
             Attempt::Fatal(Error::ShardUnavailable {
                 shard: shard.to_owned(),

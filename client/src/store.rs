@@ -109,6 +109,21 @@ impl Store {
         Ok((entry, directory_version))
     }
 
+    /// The registry's `conninfo` of `shard`, if the shard is registered with one.
+    pub async fn conninfo(&self, shard: &str) -> Result<Option<String>> {
+        let rows = self
+            .query(async |client| {
+                let statement = client
+                    .prepare_cached(
+                        "SELECT conninfo FROM shard_directory.shards WHERE shard_name = $1",
+                    )
+                    .await?;
+                client.query(&statement, &[&shard]).await
+            })
+            .await?;
+        Ok(rows.first().and_then(|r| r.get(0)))
+    }
+
     /// The global version, and how long ago it changed.
     pub async fn current_version(&self) -> Result<(i64, f64)> {
         let row = self

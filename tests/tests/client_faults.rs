@@ -404,3 +404,46 @@ async fn the_stamp_is_prepared_once_per_connection() {
     }
     assert_eq!(seen[0], seen[1], "not prepared again");
 }
+
+/// Item 11: a tenant moved to a shard added after the router started is routed there: the
+/// router learns the shard from the directory's registry (`shards.conninfo`) and connects with
+/// the application's credentials. A router not told to learn says `UnknownShard`.
+#[tokio::test]
+async fn a_shard_added_at_run_time_is_learned_from_the_registry() {
+    let t = Topology::with_shards("learn", 3).await;
+    t.add_tenant("1", "shard_1").await;
+    let d = t.client_directory(DirectoryConfig::default()).await;
+    let known: Vec<_> = t
+        .shard_configs()
+        .into_iter()
+        .filter(|(name, _)| name != "shard_3")
+        .map(|(name, config)| shard_directory_client::ShardConfig::new(name, config))
+        .collect();
+    let credentials = t.shard_configs()[0].1.clone();
+    let fixed = shard_directory_client::Router::new(d.clone(), known.clone()).unwrap();
+    let learning = shard_directory_client::Router::new(d.clone(), known)
+        .unwrap()
+        .learn_shards(shard_directory_client::ShardConfig::new("app", credentials));
+    t.move_tenant("1", "shard_3").await;
+    let key = shard_directory_client::EntityKey::new("tenant", "1");
+    let write = async |r: &shard_directory_client::Router| {
+        r.run(&key, async |tx| {
+            tx.execute(
+                "INSERT INTO orders (tenant_id, item) VALUES ('1', 'on the new shard')",
+                &[],
+            )
+            .await?;
+            Ok::<_, shard_directory_client::Error>(())
+        })
+        .await
+    };
+    assert!(matches!(
+        write(&fixed).await,
+        Err(shard_directory_client::Error::UnknownShard { .. })
+    ));
+    write(&learning).await.expect("routed to the learned shard");
+    assert!(t
+        .orders("shard_3", "1")
+        .await
+        .contains(&"on the new shard".to_owned()));
+}
