@@ -228,6 +228,7 @@ impl Directory {
     fn degraded(&self, cached: Option<Arc<Entry>>, cause: Error) -> Result<Arc<Entry>> {
         let entry = self.inner.policy.degraded(cached, || cause)?;
         self.inner.counters.served_stale();
+        tracing::warn!(entity = %entry.key, version = entry.directory_version, "directory unreachable: serving the cached entry");
         Ok(entry)
     }
 

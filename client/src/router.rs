@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
 use tokio_postgres::{IsolationLevel, Transaction};
+use tracing::Instrument;
 
 use crate::directory::Directory;
 use crate::entry::{EntityKey, Entry, State};
@@ -352,13 +353,27 @@ impl Router {
     ) -> Result<T, E> {
         let started = Instant::now();
         let mut attempt = 0;
+        let span = tracing::info_span!(
+            "shard_directory.route",
+            entity = %key,
+            attempt = tracing::field::Empty,
+            shard = tracing::field::Empty,
+            version = tracing::field::Empty,
+        );
         loop {
             attempt += 1;
-            let entry = self.directory.lookup_key(key).await?;
+            span.record("attempt", attempt);
+            let entry = self
+                .directory
+                .lookup_key(key)
+                .instrument(span.clone())
+                .await?;
+            span.record("shard", tracing::field::display(&entry.shard_name));
+            span.record("version", entry.directory_version);
             let backoff = self.retry.backoff(attempt);
             let out_of_time = started.elapsed() + backoff > self.retry.deadline;
             let counters = self.directory.counters();
-            let (rejection, source) = match once(&entry).await {
+            let (rejection, source) = match once(&entry).instrument(span.clone()).await {
                 Ok(t) => return Ok(t),
                 Err(Attempt::Fatal(e)) => return Err(e.into()),
                 Err(Attempt::Caller(e)) => return Err(e),

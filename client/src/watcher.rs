@@ -142,6 +142,10 @@ impl Watcher {
             };
             read().await?;
             self.watch.connected.store(true, Ordering::SeqCst);
+            tracing::info!(
+                version = self.cache.version(),
+                "shard directory watcher connected"
+            );
             *failures = 0;
             let mut ticker = tokio::time::interval(self.poll_interval);
             ticker.tick().await;
