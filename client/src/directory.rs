@@ -268,7 +268,7 @@ impl Directory {
                 }
             }
             // A fetch can see a version the watcher has not announced yet.
-            inner.cache.invalidate(at);
+            self.learned(at);
             let Some(entry) = entry else {
                 inner.cache.fill(key, None, at);
                 return Err(Error::UnknownEntity(key.clone()));
@@ -292,8 +292,7 @@ impl Directory {
     /// carrying `version` can be refused there for that. When the client already knows a newer
     /// version, the fill is refused and the retry reads the directory.
     pub(crate) fn learn_moved(&self, entry: &Entry, moved_to: &str, version: i64) {
-        let cache = &self.inner.cache;
-        cache.invalidate(version);
+        self.learned(version);
         let learned = Entry {
             shard_name: moved_to.to_owned(),
             target_shard: None,
@@ -302,7 +301,16 @@ impl Directory {
             directory_version: version,
             ..entry.clone()
         };
-        cache.fill(&entry.key, Some(Arc::new(learned)), version);
+        self.inner
+            .cache
+            .fill(&entry.key, Some(Arc::new(learned)), version);
+    }
+
+    fn learned(&self, version: i64) -> bool {
+        let inner = &self.inner;
+        inner
+            .watch
+            .learned(&inner.cache, &inner.counters, version, None)
     }
 
     /// Where `shard` is, from the directory's registry (`shards.conninfo`).
@@ -313,7 +321,7 @@ impl Directory {
     /// Re-reads the global version (after a shard said this client is stale).
     pub async fn refresh(&self) -> Result<i64> {
         let (version, _) = self.inner.store.current_version().await?;
-        self.inner.cache.invalidate(version);
+        self.learned(version);
         Ok(self.inner.cache.version())
     }
 

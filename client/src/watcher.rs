@@ -40,6 +40,25 @@ impl Watch {
     fn heard(&self) {
         *self.last_heard.lock().expect("watch lock") = Some(SystemTime::now());
     }
+
+    /// The one path by which a newer version reaches the cache, whoever learned it (the
+    /// watcher, a fill, a refresh, a shard's `moved` refusal): it retires older entries, is
+    /// counted and timed. Returns whether it was news.
+    pub fn learned(
+        &self,
+        cache: &Cache,
+        counters: &Counters,
+        version: i64,
+        lag: Option<Duration>,
+    ) -> bool {
+        if !cache.invalidate(version) {
+            return false;
+        }
+        *self.last_invalidation.lock().expect("watch lock") = Some(SystemTime::now());
+        counters.invalidated(version, lag);
+        tracing::debug!(version, "shard directory changed");
+        true
+    }
 }
 
 pub(crate) struct Watcher {
@@ -60,11 +79,8 @@ impl Watcher {
     /// Applies a version heard from the directory.
     fn apply(&self, version: i64, lag: Option<Duration>) {
         self.watch.heard();
-        if self.cache.invalidate(version) {
-            *self.watch.last_invalidation.lock().expect("watch lock") = Some(SystemTime::now());
-            self.counters.invalidated(version, lag);
-            tracing::debug!(version, "shard directory changed");
-        }
+        self.watch
+            .learned(&self.cache, &self.counters, version, lag);
     }
 
     pub async fn run(self) {

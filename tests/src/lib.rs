@@ -8,7 +8,7 @@ pub mod topology;
 mod wait;
 
 pub use cluster::{Cluster, Frozen, Listener};
-pub use topology::Topology;
+pub use topology::{reaches, Topology};
 pub use wait::eventually;
 
 /// The `shard-directory` CLI, built beside the test binaries (`scripts/test.sh` builds it first:

@@ -194,3 +194,13 @@ impl Topology {
             .collect()
     }
 }
+
+/// Waits (with a deadline) until the client knows directory version `version` or a later one.
+pub async fn reaches(d: &Directory, version: i64) {
+    eventually(
+        &format!("the client to reach version {version}"),
+        Duration::from_secs(15),
+        || async { (d.version() >= version).then_some(()) },
+    )
+    .await;
+}

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shard_directory_client::{
-    Directory, DirectoryConfig, EntityKey, Error, Policy, Reads, RetryPolicy, Router, State,
+    DirectoryConfig, EntityKey, Error, Policy, Reads, RetryPolicy, Router, State,
     WATCHER_APPLICATION_NAME,
 };
-use shard_directory_e2e::{eventually, Topology};
+use shard_directory_e2e::{eventually, reaches, Topology};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 
@@ -17,13 +17,6 @@ const DEADLINE: Duration = Duration::from_secs(15);
 
 fn tenant(id: &str) -> EntityKey {
     EntityKey::new("tenant", id)
-}
-
-async fn reaches(d: &Directory, version: i64) {
-    eventually(&format!("version {version}"), DEADLINE, || async {
-        (d.version() >= version).then_some(())
-    })
-    .await;
 }
 
 async fn insert(router: &Router, id: &str, item: &str) -> Result<(), Error> {
