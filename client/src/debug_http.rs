@@ -67,62 +67,29 @@ impl DebugView {
 pub fn prometheus(d: &Directory) -> String {
     let v = DebugView::of(d);
     let mut out = String::new();
+    // The same names as the `metrics` facade's (`metrics::names`), so a dashboard reads either.
     let mut metric = |name: &str, kind: &str, samples: &[(&str, u64)]| {
+        let name = names::prometheus(name);
         let _ = writeln!(out, "# TYPE {name} {kind}");
         for (labels, value) in samples {
             let _ = writeln!(out, "{name}{labels} {value}");
         }
     };
-    metric(
-        "shard_directory_version",
-        "gauge",
-        &[("", v.version.max(0) as u64)],
-    );
-    metric(
-        "shard_directory_watcher_connected",
-        "gauge",
-        &[("", v.connected as u64)],
-    );
-    metric(
-        "shard_directory_cache_entries",
-        "gauge",
-        &[("", v.entries as u64)],
-    );
-    metric(
-        "shard_directory_cache_hits_total",
-        "counter",
-        &[("", v.stats.cache_hits)],
-    );
-    metric(
-        "shard_directory_cache_misses_total",
-        "counter",
-        &[("", v.stats.cache_misses)],
-    );
-    metric(
-        "directory_serving_stale_total",
-        "counter",
-        &[("", v.stats.serving_stale)],
-    );
-    metric(
-        "shard_directory_store_queries_total",
-        "counter",
-        &[("", v.stats.store_queries)],
-    );
-    metric(
-        "shard_directory_invalidations_total",
-        "counter",
-        &[("", v.stats.invalidations)],
-    );
+    let one = |n: u64| [("", n)];
+    metric(names::VERSION, "gauge", &one(v.version.max(0) as u64));
+    metric(names::WATCHER_CONNECTED, "gauge", &one(v.connected as u64));
+    metric(names::CACHE_ENTRIES, "gauge", &one(v.entries as u64));
+    metric(names::CACHE_HITS, "counter", &one(v.stats.cache_hits));
+    metric(names::CACHE_MISSES, "counter", &one(v.stats.cache_misses));
+    metric(names::SERVING_STALE, "counter", &one(v.stats.serving_stale));
+    metric(names::STORE_QUERIES, "counter", &one(v.stats.store_queries));
+    metric(names::INVALIDATIONS, "counter", &one(v.stats.invalidations));
     metric(
         names::VERSION_REGRESSIONS,
         "counter",
-        &[("", v.stats.version_regressions)],
+        &one(v.stats.version_regressions),
     );
-    metric(
-        "shard_directory_retries_total",
-        "counter",
-        &[("", v.stats.retries)],
-    );
+    metric(names::RETRIES, "counter", &one(v.stats.retries));
     let labels: Vec<(String, u64)> = v
         .stats
         .rejections
@@ -130,7 +97,7 @@ pub fn prometheus(d: &Directory) -> String {
         .map(|(r, n)| (format!("{{reason=\"{r}\"}}"), *n))
         .collect();
     let samples: Vec<(&str, u64)> = labels.iter().map(|(l, n)| (l.as_str(), *n)).collect();
-    metric("shard_directory_rejections_total", "counter", &samples);
+    metric(names::REJECTIONS, "counter", &samples);
     out
 }
 

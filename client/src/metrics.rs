@@ -32,6 +32,24 @@ pub mod names {
     /// Counter: times the directory's version was found below the one this client knew (a
     /// restore from backup, a failover that lost commits); the client adopted it and flushed.
     pub const VERSION_REGRESSIONS: &str = "shard_directory_version_regressions_total";
+    /// Gauge (debug endpoint only): whether the watcher's connection is up.
+    pub const WATCHER_CONNECTED: &str = "shard_directory_watcher_connected";
+    /// Gauge (debug endpoint only): entries in the cache.
+    pub const CACHE_ENTRIES: &str = "shard_directory_cache_entries";
+
+    /// `name` as the Prometheus text format writes it (what a Prometheus recorder of the
+    /// `metrics` facade prints too): every character outside `[a-zA-Z0-9_:]` becomes `_`.
+    pub fn prometheus(name: &str) -> String {
+        name.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '_' || c == ':' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect()
+    }
 }
 
 const REASONS: [&str; 5] = ["stale", "missing", "frozen", "moved", "serialization"];
@@ -166,5 +184,19 @@ impl Counters {
                 .map(|(r, c)| (r.to_string(), get(c)))
                 .collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names;
+
+    #[test]
+    fn the_debug_endpoint_writes_the_facades_names_as_prometheus_does() {
+        assert_eq!(
+            names::prometheus(names::SERVING_STALE),
+            "directory_serving_stale"
+        );
+        assert_eq!(names::prometheus(names::REJECTIONS), names::REJECTIONS);
     }
 }

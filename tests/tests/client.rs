@@ -80,7 +80,9 @@ async fn a_change_made_with_sql_reaches_eight_client_instances() {
         );
         let metrics = http_get(*addr, "/metrics").await;
         assert!(
-            metrics.contains(&format!("\nshard_directory_version {v}\n")),
+            metrics.contains(&format!("\nshard_directory_version {v}\n"))
+                && metrics.contains("# TYPE directory_serving_stale counter\n")
+                && metrics.contains("# TYPE shard_directory_version_regressions_total counter\n"),
             "{metrics}"
         );
     }
