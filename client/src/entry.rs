@@ -35,6 +35,7 @@ impl fmt::Display for EntityKey {
 /// The entry's routing state, as in `shard_directory.state`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum State {
     /// Reads and writes go to `shard_name`.
     Active,

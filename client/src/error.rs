@@ -5,6 +5,7 @@ use crate::rejection::Rejection;
 
 /// Everything that can go wrong when looking up or routing; [`Error::is_retryable`] says whether a retry can help.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The directory store could not be reached and the policy did not allow serving from cache.
     #[error("shard directory unavailable: {0}")]

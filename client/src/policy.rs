@@ -8,6 +8,7 @@ use crate::error::Error;
 /// The guide's `DIRECTORY_UNAVAILABLE_POLICY`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Policy {
     /// Serve the last known entry (counted as `directory.serving_stale`). Placements change
     /// rarely; the alternative is a total outage.

@@ -8,6 +8,7 @@ use tokio_postgres::error::SqlState;
 
 /// Why a shard refused a transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Rejection {
     /// The client's directory version is below the shard's (or the entity's) minimum.
     Stale,
