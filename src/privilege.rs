@@ -70,6 +70,21 @@ pub fn as_owner_of<R>(relid: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
     result
 }
 
+/// Whether the role running the statement owns `relid` (or is a superuser): only such a role
+/// restores rows from a dump.
+pub fn current_role_owns(relid: pg_sys::Oid) -> bool {
+    unsafe { pg_sys::pg_class_ownercheck(relid, current_role()) }
+}
+
+/// The name of `role`.
+pub fn role_name(role: pg_sys::Oid) -> String {
+    unsafe {
+        std::ffi::CStr::from_ptr(pg_sys::GetUserNameFromId(role, false))
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
 /// Whether `role` holds `mode` (an `ACL_*` bit) on `relid`, directly or through a role.
 pub fn has_table_privilege(relid: pg_sys::Oid, role: pg_sys::Oid, mode: u32) -> bool {
     unsafe {

@@ -499,16 +499,15 @@ impl<E: 'static> Attempt<E> {
         }
     }
 
-    /// A refusal is recognised in the closure's error when it is a `tokio_postgres::Error` or
-    /// this crate's `Error::Db`; any other error type is returned untouched.
+    /// A refusal is recognised in the closure's error when it is this crate's `Error::Db` (`E`
+    /// converts from this crate's `Error`, so it is never a bare `tokio_postgres::Error`); any
+    /// other error is returned untouched.
     fn caller(e: E) -> Self {
         let any = &e as &dyn Any;
-        let db = any.downcast_ref::<tokio_postgres::Error>().or_else(|| {
-            match any.downcast_ref::<Error>() {
-                Some(Error::Db(db)) => Some(db),
-                _ => None,
-            }
-        });
+        let db = match any.downcast_ref::<Error>() {
+            Some(Error::Db(db)) => Some(db),
+            _ => None,
+        };
         match db.and_then(Rejection::of) {
             Some(r) => Attempt::Refused(r, Refusal::Caller(e)),
             None => Attempt::Caller(e),

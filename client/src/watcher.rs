@@ -127,19 +127,20 @@ impl Watcher {
                 client.batch_execute("LISTEN shard_directory").await?;
             }
             let poll = client.prepare(CURRENT_VERSION).await?;
-            let read_once = async || -> Result<(i64, Option<Duration>), tokio_postgres::Error> {
-                let row = client.query_one(&poll, &[]).await?;
-                Ok((
-                    row.get(0),
-                    Duration::try_from_secs_f64(row.get::<_, f64>(1)).ok(),
-                ))
-            };
+            let query_version =
+                async || -> Result<(i64, Option<Duration>), tokio_postgres::Error> {
+                    let row = client.query_one(&poll, &[]).await?;
+                    Ok((
+                        row.get(0),
+                        Duration::try_from_secs_f64(row.get::<_, f64>(1)).ok(),
+                    ))
+                };
             // Below the known version once is a race with a fill that read later; twice in a row,
             // the directory went back. A directory that does not answer within the query timeout
             // ends the session: the watcher reconnects (and lookups meanwhile go to the store).
             let after = self.timeouts.query;
             let read_once = async || -> Result<(i64, Option<Duration>), Ended> {
-                tokio::time::timeout(after, read_once())
+                tokio::time::timeout(after, query_version())
                     .await
                     .map_err(|_| Ended::Timeout(after))?
                     .map_err(Ended::Db)

@@ -20,13 +20,6 @@ fn now() -> TimestampWithTimeZone {
     )
 }
 
-fn role_name(role: pg_sys::Oid) -> String {
-    unsafe {
-        let name = pg_sys::GetUserNameFromId(role, false);
-        CStr::from_ptr(name).to_string_lossy().into_owned()
-    }
-}
-
 fn op(trigger: &PgTrigger<'_>) -> PgTriggerOperation {
     spi("trigger operation", trigger.op())
 }
@@ -36,12 +29,6 @@ fn own_table(trigger: &PgTrigger<'_>, function: &'static str, table: &'static CS
     let relation = trigger.trigger_data().tg_relation;
     catalog::require_own_table(relation, function, table);
     unsafe { (*relation).rd_id }
-}
-
-/// Whether the role running the statement owns `relid` (or is a superuser): only such a role
-/// restores rows from a dump.
-fn owns(relid: pg_sys::Oid) -> bool {
-    unsafe { pg_sys::pg_class_ownercheck(relid, privilege::current_role()) }
 }
 
 fn version_of<A: pgrx::WhoAllocated>(t: &PgHeapTuple<'_, A>) -> i64 {
@@ -111,7 +98,7 @@ fn shard_directory_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     let relid = own_table(trigger, "shard_directory_guard", c"shard_directory");
     if let (PgTriggerOperation::Insert, Some(tuple)) = (op(trigger), trigger.new()) {
         let version = version_of(&tuple);
-        if version > 0 && owns(relid) {
+        if version > 0 && privilege::current_role_owns(relid) {
             restore(&Entry::read(&tuple), version);
             return Ok(Some(tuple.into_owned()));
         }
@@ -136,7 +123,10 @@ fn shard_directory_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     spi("stamp updated_at", tuple.set_by_name("updated_at", now()));
     spi(
         "stamp updated_by",
-        tuple.set_by_name("updated_by", role_name(privilege::current_role())),
+        tuple.set_by_name(
+            "updated_by",
+            privilege::role_name(privilege::current_role()),
+        ),
     );
     Ok(Some(tuple))
 }
@@ -167,7 +157,7 @@ fn shard_directory_record_history<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResu
         &new,
         transition,
         bump,
-        &role_name(privilege::current_role()),
+        &privilege::role_name(privilege::current_role()),
     );
     Ok(None)
 }
@@ -220,7 +210,7 @@ fn shard_directory_version_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResul
             }
             Ok(trigger.new().map(PgHeapTuple::into_owned))
         }
-        PgTriggerOperation::Insert if owns(relid) => {
+        PgTriggerOperation::Insert if privilege::current_role_owns(relid) => {
             let new = trigger.new();
             statement::raise_to(
                 new.as_ref().map_or(0, version_of),
@@ -243,7 +233,7 @@ fn shard_directory_history_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResul
         c"shard_directory_history",
     );
     let (allowed, name) = match op(trigger) {
-        PgTriggerOperation::Insert => (owns(relid), "INSERT"),
+        PgTriggerOperation::Insert => (privilege::current_role_owns(relid), "INSERT"),
         PgTriggerOperation::Delete => (writer::writing(Writer::Purge), "DELETE"),
         _ => (false, "UPDATE"),
     };

@@ -149,11 +149,7 @@ pub fn shard_settings_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a>
             invalidate(tables.settings);
             Ok(trigger.new().map(PgHeapTuple::into_owned))
         }
-        PgTriggerOperation::Insert
-            if unsafe {
-                pg_sys::pg_class_ownercheck(tables.settings, privilege::current_role())
-            } =>
-        {
+        PgTriggerOperation::Insert if privilege::current_role_owns(tables.settings) => {
             let at = trigger.new().and_then(|t| {
                 spi(
                     "updated_at",

@@ -43,11 +43,7 @@ fn as_protector(table: &PgRelation, f: impl FnOnce(pg_sys::Oid)) {
     if !privilege::has_table_privilege(oid, role, pg_sys::ACL_TRIGGER) {
         SdError::ProtectNotAllowed {
             table: catalog::relation_name(oid),
-            role: unsafe {
-                std::ffi::CStr::from_ptr(pg_sys::GetUserNameFromId(role, false))
-                    .to_string_lossy()
-                    .into_owned()
-            },
+            role: privilege::role_name(role),
         }
         .raise();
     }
