@@ -165,7 +165,14 @@ async fn killed_move(
         );
         tokio::time::sleep(Duration::from_millis(2)).await;
     };
-    let verb = if abort && killed_at.can_abort() {
+    // The mover may have gone on between the phase read and the kill (past its cutover, or to
+    // the end): what to do next is decided by where it really stopped.
+    let Some((_, stopped_at)) = open_phase(t, tenant).await else {
+        return Some(format!(
+            "move {move_id} ({method}) finished before the kill aimed at {kill_at} landed"
+        ));
+    };
+    let verb = if abort && stopped_at.can_abort() {
         "abort"
     } else {
         "resume"
@@ -177,11 +184,11 @@ async fn killed_move(
         .expect("run shard-directory resume/abort");
     assert!(
         out.status.success(),
-        "shard-directory {verb} {move_id} after a kill at {killed_at}: {}",
+        "shard-directory {verb} {move_id} after a kill at {stopped_at}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     Some(format!(
-        "move {move_id} ({method}) killed at {killed_at} (aimed at {kill_at}), then `shard-directory {verb}`"
+        "move {move_id} ({method}) killed at {stopped_at} (seen at {killed_at}, aimed at {kill_at}), then `shard-directory {verb}`"
     ))
 }
 
