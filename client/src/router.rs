@@ -294,6 +294,10 @@ impl Router {
     /// entity is `read_only` no round trip is made: the write waits (with backoff) for the freeze
     /// to end, and past the deadline fails with [`Error::ReadOnly`]. The closure returns the
     /// caller's own error type; an `Err` rolls the transaction back and is returned as it is.
+    ///
+    /// The future is `Send` (it can be spawned) when the closure owns what it uses
+    /// (`async move |tx| ...`): rustc cannot yet prove it for a closure that borrows from its
+    /// surroundings (rust-lang/rust#134997).
     pub async fn run<T, E, F>(&self, key: &EntityKey, f: F) -> Result<T, E>
     where
         F: AsyncFnMut(&Transaction<'_>) -> Result<T, E>,
@@ -313,14 +317,8 @@ impl Router {
         F: AsyncFnMut(&Transaction<'_>) -> Result<T, E>,
         E: From<Error> + 'static,
     {
-        self.with_retries(key, async |entry: &Entry| {
-            if entry.state == State::ReadOnly && !options.read_only {
-                return Err(Attempt::ReadOnly);
-            }
-            self.attempt(&entry.shard_name, entry, options, STAMP_AND_CHECK, &mut f)
-                .await
-        })
-        .await
+        let reads = self.with_retries(key, Mode::Write(options), &mut f).await?;
+        Ok(reads.merge(|source, _| source))
     }
 
     /// Runs `f` as a read-only transaction. While the entity is `migrating` it runs on both the
@@ -330,27 +328,56 @@ impl Router {
         F: AsyncFnMut(&Transaction<'_>) -> Result<T, E>,
         E: From<Error> + 'static,
     {
-        let options = TxOptions::default().read_only();
-        self.with_retries(key, async |entry: &Entry| {
-            let source = self
-                .attempt(&entry.shard_name, entry, options, STAMP, &mut f)
-                .await?;
-            match (&entry.state, &entry.target_shard) {
-                (State::Migrating, Some(target)) => {
-                    let target = self.attempt(target, entry, options, STAMP, &mut f).await?;
-                    Ok(Reads::Both { source, target })
-                }
-                _ => Ok(Reads::One(source)),
-            }
-        })
-        .await
+        self.with_retries(key, Mode::Read, &mut f).await
     }
 
-    async fn with_retries<T, E: From<Error>>(
+    /// One attempt of `mode` at the route `entry` gives. (A method, not a closure: an async
+    /// closure borrowing `&self` would make the caller's future `Send` for one lifetime only.)
+    async fn once<T, E, F>(
+        &self,
+        entry: &Entry,
+        mode: Mode,
+        f: &mut F,
+    ) -> Result<Reads<T>, Attempt<E>>
+    where
+        F: AsyncFnMut(&Transaction<'_>) -> Result<T, E>,
+        E: 'static,
+    {
+        let shard = &entry.shard_name;
+        match mode {
+            Mode::Write(options) => {
+                if entry.state == State::ReadOnly && !options.read_only {
+                    return Err(Attempt::ReadOnly);
+                }
+                let one = self
+                    .attempt(shard, entry, options, STAMP_AND_CHECK, f)
+                    .await?;
+                Ok(Reads::One(one))
+            }
+            Mode::Read => {
+                let options = TxOptions::default().read_only();
+                let source = self.attempt(shard, entry, options, STAMP, f).await?;
+                match (&entry.state, &entry.target_shard) {
+                    (State::Migrating, Some(target)) => {
+                        let target = self.attempt(target, entry, options, STAMP, f).await?;
+                        Ok(Reads::Both { source, target })
+                    }
+                    _ => Ok(Reads::One(source)),
+                }
+            }
+        }
+    }
+
+    async fn with_retries<T, E, F>(
         &self,
         key: &EntityKey,
-        mut once: impl AsyncFnMut(&Entry) -> Result<T, Attempt<E>>,
-    ) -> Result<T, E> {
+        mode: Mode,
+        f: &mut F,
+    ) -> Result<Reads<T>, E>
+    where
+        F: AsyncFnMut(&Transaction<'_>) -> Result<T, E>,
+        E: From<Error> + 'static,
+    {
         let started = Instant::now();
         let mut attempt = 0;
         let span = tracing::info_span!(
@@ -373,7 +400,11 @@ impl Router {
             let backoff = self.retry.backoff(attempt);
             let out_of_time = started.elapsed() + backoff > self.retry.deadline;
             let counters = self.directory.counters();
-            let (rejection, source) = match once(&entry).instrument(span.clone()).await {
+            let (rejection, source) = match self
+                .once(&entry, mode, f)
+                .instrument(span.clone())
+                .await
+            {
                 Ok(t) => return Ok(t),
                 Err(Attempt::Fatal(e)) => return Err(e.into()),
                 Err(Attempt::Caller(e)) => return Err(e),
@@ -472,6 +503,15 @@ impl Router {
             }
         }
     }
+}
+
+/// What a routed transaction is.
+#[derive(Clone, Copy)]
+enum Mode {
+    /// `run`: on the owning shard, checked before the closure runs; waits out `read_only`.
+    Write(TxOptions),
+    /// `read`: read-only, on both shards while the entity is `migrating`.
+    Read,
 }
 
 /// How one attempt ended, when it did not succeed.

@@ -22,7 +22,7 @@ fn tenant(id: &str) -> EntityKey {
 async fn insert(router: &Router, id: &str, item: &str) -> Result<(), Error> {
     let (id, item) = (id.to_owned(), item.to_owned());
     router
-        .run(&tenant(&id), async |tx| {
+        .run(&tenant(&id), async move |tx| {
             tx.execute("INSERT INTO orders VALUES ($1, $2)", &[&id, &item])
                 .await?;
             Ok(())
@@ -39,6 +39,45 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     s.read_to_string(&mut response).await.unwrap();
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     response.split_once("\r\n\r\n").unwrap().1.to_owned()
+}
+
+/// `run` and `read` can be spawned on a multi-thread runtime and awaited in an axum handler (both
+/// need `Send` futures); the writes land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_and_read_are_send_spawned_on_a_multi_thread_runtime_and_in_an_axum_handler() {
+    let t = Topology::start("send").await;
+    t.add_tenant("8842", "shard_1").await;
+    let router = Arc::new(t.router(t.client_directory(DirectoryConfig::default()).await));
+    let writers: Vec<_> = (0..4)
+        .map(|i| {
+            let router = router.clone();
+            tokio::spawn(async move { insert(&router, "8842", &format!("spawned {i}")).await })
+        })
+        .collect();
+    for w in writers {
+        w.await.unwrap().unwrap();
+    }
+
+    async fn count(axum::extract::State(router): axum::extract::State<Arc<Router>>) -> String {
+        let rows = router
+            .read(&tenant("8842"), async |tx| {
+                let row = tx
+                    .query_one("SELECT count(*) FROM orders WHERE tenant_id = '8842'", &[])
+                    .await?;
+                Ok::<i64, Error>(row.get(0))
+            })
+            .await
+            .unwrap();
+        rows.merge(|source, _| source).to_string()
+    }
+    let app = axum::Router::new()
+        .route("/count", axum::routing::get(count))
+        .with_state(router);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    assert_eq!(http_get(addr, "/count").await, "4");
+    server.abort();
 }
 
 #[tokio::test]
