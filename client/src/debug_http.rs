@@ -26,6 +26,7 @@ use crate::{Directory, Policy, Stats};
 
 /// The body of `/debug/directory`.
 #[derive(Debug, Serialize)]
+#[non_exhaustive]
 pub struct DebugView {
     /// The directory version this instance knows (the guide's `jq .version`).
     pub version: i64,

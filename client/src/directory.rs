@@ -11,11 +11,22 @@ use crate::error::{Error, Result};
 use crate::metrics::{Counters, Stats};
 use crate::policy::Policy;
 use crate::pool::Timeouts;
+use crate::statements::Statements;
 use crate::store::Store;
 use crate::watcher::{AbortOnDrop, Watch, Watcher};
 
 /// How a [`Directory`] behaves.
+///
+/// ```
+/// use std::time::Duration;
+/// use shard_directory_client::{DirectoryConfig, Policy};
+/// let config = DirectoryConfig::default()
+///     .policy(Policy::FailClosed)
+///     .poll_interval(Duration::from_secs(10));
+/// assert_eq!(config.poll_interval, Duration::from_secs(10));
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct DirectoryConfig {
     /// How often the watcher re-reads the version even without notifications (the guide's slow poll).
     pub poll_interval: Duration,
@@ -38,6 +49,13 @@ pub struct DirectoryConfig {
     /// Subscribe to `LISTEN shard_directory`. Turn off where LISTEN is not available (a pooler in
     /// transaction mode): the watcher then relies on the poll alone, and shards' 40001s.
     pub listen: bool,
+    /// Where the watcher connects, when not where the queries go: LISTEN needs a session of its
+    /// own, so with the queries going through a transaction-mode pooler, point this straight at
+    /// PostgreSQL. `None`: the watcher uses the queries' connection settings.
+    pub listen_config: Option<tokio_postgres::Config>,
+    /// How the directory queries are sent; [`Statements::Unnamed`] behind a transaction-mode
+    /// pooler that cannot carry prepared statements (the watcher's poll too when it goes there).
+    pub statements: Statements,
     /// The shared middle cache (feature `redis`).
     #[cfg(feature = "redis")]
     pub shared_cache: Option<crate::SharedCacheConfig>,
@@ -54,9 +72,38 @@ impl Default for DirectoryConfig {
             query_timeout: Duration::from_secs(5),
             max_cached_entries: 1_000_000,
             listen: true,
+            listen_config: None,
+            statements: Statements::Prepared,
             #[cfg(feature = "redis")]
             shared_cache: None,
         }
+    }
+}
+
+setters!(DirectoryConfig {
+    poll_interval: Duration,
+    max_reconnect_backoff: Duration,
+    policy: Policy,
+    store_pool_size: usize,
+    connect_timeout: Duration,
+    query_timeout: Duration,
+    max_cached_entries: usize,
+    listen: bool,
+    statements: Statements,
+});
+
+impl DirectoryConfig {
+    /// Sets `listen_config`: where the watcher connects.
+    pub fn listen_config(mut self, config: tokio_postgres::Config) -> Self {
+        self.listen_config = Some(config);
+        self
+    }
+
+    /// Sets `shared_cache`.
+    #[cfg(feature = "redis")]
+    pub fn shared_cache(mut self, config: crate::SharedCacheConfig) -> Self {
+        self.shared_cache = Some(config);
+        self
     }
 }
 
@@ -129,13 +176,20 @@ impl Directory {
             config.clone(),
             settings.store_pool_size,
             timeouts,
+            settings.statements,
             counters.clone(),
         )?;
         let (version, _) = store.current_version().await?;
         let cache = Arc::new(Cache::new(version, settings.max_cached_entries));
         let watch = Arc::new(Watch::default());
+        // Straight to PostgreSQL, the watcher's own statements can be prepared.
+        let (watcher_config, watcher_statements) = match settings.listen_config {
+            Some(direct) => (direct, Statements::Prepared),
+            None => (config, settings.statements),
+        };
         let watcher = Watcher {
-            config,
+            config: watcher_config,
+            statements: watcher_statements,
             cache: cache.clone(),
             watch: watch.clone(),
             counters: counters.clone(),

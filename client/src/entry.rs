@@ -85,6 +85,7 @@ impl std::str::FromStr for State {
 
 /// One directory entry, as read at `directory_version`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Entry {
     /// The entity this entry places.
     pub key: EntityKey,

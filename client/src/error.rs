@@ -62,7 +62,6 @@ pub enum Error {
     /// Could not get a connection to a shard.
     #[error("shard \"{shard}\" unavailable: {source}")]
     ShardUnavailable {
-        /// The shard its entry names.
         /// The shard.
         shard: String,
         /// Why no connection could be had.

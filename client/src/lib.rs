@@ -13,6 +13,23 @@
 
 #![warn(missing_docs)]
 
+/// Chainable setters for a `#[non_exhaustive]` config struct (built as
+/// `DirectoryConfig::default().listen(false)`, since struct update syntax is refused outside
+/// this crate).
+macro_rules! setters {
+    ($ty:ty { $($field:ident: $t:ty),* $(,)? }) => {
+        impl $ty {
+            $(
+                #[doc = concat!("Sets `", stringify!($field), "`.")]
+                pub fn $field(mut self, $field: $t) -> Self {
+                    self.$field = $field;
+                    self
+                }
+            )*
+        }
+    };
+}
+
 mod backoff;
 mod cache;
 #[cfg(feature = "debug-http")]
@@ -27,6 +44,7 @@ mod rejection;
 mod router;
 #[cfg(feature = "redis")]
 mod shared_cache;
+mod statements;
 mod store;
 mod watcher;
 
@@ -41,5 +59,11 @@ pub use rejection::Rejection;
 pub use router::{Reads, RetryPolicy, Router, ShardConfig, TxOptions};
 #[cfg(feature = "redis")]
 pub use shared_cache::SharedCacheConfig;
+pub use statements::Statements;
 pub use tokio_postgres::IsolationLevel;
 pub use watcher::APPLICATION_NAME as WATCHER_APPLICATION_NAME;
+
+/// The README's examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeExamples;

@@ -70,6 +70,7 @@ pub(crate) struct Counters {
 
 /// A snapshot of the client's counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct Stats {
     /// See [`names::CACHE_HITS`].
     pub cache_hits: u64,

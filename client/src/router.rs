@@ -8,6 +8,7 @@ use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{IsolationLevel, Transaction};
 use tracing::Instrument;
 
@@ -16,9 +17,11 @@ use crate::entry::{EntityKey, Entry, State};
 use crate::error::{Error, Result};
 use crate::pool::{self, Timeouts};
 use crate::rejection::Rejection;
+use crate::statements::Statements;
 
 /// Connection settings for one shard. The password (if any) lives in `config` and is never logged.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct ShardConfig {
     /// The name the directory uses for the shard (`shards.shard_name`).
     pub name: String,
@@ -31,6 +34,9 @@ pub struct ShardConfig {
     /// Statements themselves are bounded by the shard's `statement_timeout`, the application's
     /// to choose.
     pub connect_timeout: Duration,
+    /// How the stamp is sent; [`Statements::Unnamed`] behind a transaction-mode pooler that
+    /// cannot carry prepared statements.
+    pub statements: Statements,
 }
 
 impl ShardConfig {
@@ -48,6 +54,7 @@ impl ShardConfig {
             config,
             pool_size: 8,
             connect_timeout: Duration::from_secs(5),
+            statements: Statements::Prepared,
         }
     }
 }
@@ -62,6 +69,7 @@ impl std::fmt::Debug for ShardConfig {
             .field("user", &self.config.get_user())
             .field("pool_size", &self.pool_size)
             .field("connect_timeout", &self.connect_timeout)
+            .field("statements", &self.statements)
             .finish_non_exhaustive()
     }
 }
@@ -70,6 +78,7 @@ impl std::fmt::Debug for ShardConfig {
 /// out a cutover's freeze (the mover's default `--max-freeze` is 10 s) instead of failing in the
 /// middle of it.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct RetryPolicy {
     /// How long after its first attempt a transaction may still be re-run (after a 40001, or
     /// while its entity is `read_only`).
@@ -90,6 +99,18 @@ impl Default for RetryPolicy {
         }
     }
 }
+
+setters!(RetryPolicy {
+    deadline: Duration,
+    base_backoff: Duration,
+    max_backoff: Duration,
+});
+
+setters!(ShardConfig {
+    pool_size: usize,
+    connect_timeout: Duration,
+    statements: Statements,
+});
 
 impl RetryPolicy {
     fn backoff(&self, attempt: u32) -> Duration {
@@ -187,7 +208,7 @@ impl TxOptions {
 /// ```
 pub struct Router {
     directory: Directory,
-    pools: RwLock<HashMap<String, Pool>>,
+    shards: RwLock<HashMap<String, Shard>>,
     /// Set by [`Router::learn_shards`]: how to connect to a shard this router was not given.
     learn: Option<ShardConfig>,
     retry: RetryPolicy,
@@ -199,30 +220,30 @@ impl Router {
         directory: Directory,
         shards: impl IntoIterator<Item = ShardConfig>,
     ) -> Result<Router> {
-        let mut pools = HashMap::new();
-        for shard in shards {
-            let timeouts = Timeouts {
-                connect: shard.connect_timeout,
-                query: shard.connect_timeout,
-            };
-            let pool = pool::build(shard.config, shard.pool_size, timeouts)
-                .map_err(|e| Error::Config(format!("shard {}: {e}", shard.name)))?;
-            pools.insert(shard.name, pool);
-        }
+        let shards = shards
+            .into_iter()
+            .map(|config| {
+                Ok((
+                    config.name.clone(),
+                    Shard::new(&config.name, config.clone())?,
+                ))
+            })
+            .collect::<Result<_>>()?;
         Ok(Router {
             directory,
-            pools: RwLock::new(pools),
+            shards: RwLock::new(shards),
             learn: None,
             retry: RetryPolicy::default(),
         })
     }
 
-    /// Routes to `name` through a pool the application already has.
-    pub fn with_pool(self, name: impl Into<String>, pool: Pool) -> Self {
-        self.pools
+    /// Routes to `name` through a pool the application already has; `statements` says how the
+    /// stamp is sent on its connections.
+    pub fn with_pool(self, name: impl Into<String>, pool: Pool, statements: Statements) -> Self {
+        self.shards
             .write()
-            .expect("pools lock")
-            .insert(name.into(), pool);
+            .expect("shards lock")
+            .insert(name.into(), Shard { pool, statements });
         self
     }
 
@@ -237,9 +258,9 @@ impl Router {
     }
 
     /// The pool for `shard`, learning it from the registry when allowed.
-    async fn pool(&self, shard: &str, entity: &EntityKey) -> Result<Pool> {
-        if let Some(pool) = self.pools.read().expect("pools lock").get(shard) {
-            return Ok(pool.clone());
+    async fn shard(&self, shard: &str, entity: &EntityKey) -> Result<Shard> {
+        if let Some(known) = self.shards.read().expect("shards lock").get(shard) {
+            return Ok(known.clone());
         }
         let unknown = || Error::UnknownShard {
             entity: entity.clone(),
@@ -260,19 +281,20 @@ impl Router {
         if let Some(password) = template.config.get_password() {
             config.password(password);
         }
-        let timeouts = Timeouts {
-            connect: template.connect_timeout,
-            query: template.connect_timeout,
-        };
-        let pool = pool::build(config, template.pool_size, timeouts)
-            .map_err(|e| Error::Config(format!("shard {shard}: {e}")))?;
+        let learned = Shard::new(
+            shard,
+            ShardConfig {
+                config,
+                ..template.clone()
+            },
+        )?;
         tracing::info!(shard, "learned a shard from the directory's registry");
         Ok(self
-            .pools
+            .shards
             .write()
-            .expect("pools lock")
+            .expect("shards lock")
             .entry(shard.to_owned())
-            .or_insert(pool)
+            .or_insert(learned)
             .clone())
     }
 
@@ -467,30 +489,32 @@ impl Router {
         F: AsyncFnMut(&Transaction<'_>) -> Result<T, E>,
         E: 'static,
     {
-        let pool = self.pool(shard, &entry.key).await.map_err(Attempt::Fatal)?;
+        let Shard { pool, statements } = self
+            .shard(shard, &entry.key)
+            .await
+            .map_err(Attempt::Fatal)?;
         let mut client = pool.get().await.map_err(|source| {
             Attempt::Fatal(Error::ShardUnavailable {
                 shard: shard.to_owned(),
                 source,
             })
         })?;
-        // Prepared once per connection: after the first use the stamp is one round trip.
-        let stamp = client.prepare_cached(stamp).await.map_err(Attempt::db)?;
         let mut begin = client.build_transaction().read_only(options.read_only);
         if let Some(level) = options.isolation {
             begin = begin.isolation_level(level);
         }
         let tx = begin.start().await.map_err(Attempt::db)?;
-        tx.execute(
-            &stamp,
-            &[
-                &entry.directory_version.to_string(),
-                &entry.key.entity_type,
-                &entry.key.entity_id,
-            ],
-        )
-        .await
-        .map_err(Attempt::db)?;
+        // One round trip: prepared once per connection, or unnamed.
+        let version = entry.directory_version.to_string();
+        let params: [(&(dyn ToSql + Sync), Type); 3] = [
+            (&version, Type::TEXT),
+            (&entry.key.entity_type, Type::TEXT),
+            (&entry.key.entity_id, Type::TEXT),
+        ];
+        statements
+            .query(&tx, &*tx, stamp, params)
+            .await
+            .map_err(Attempt::db)?;
         match f(&tx).await {
             Ok(out) => {
                 tx.commit().await.map_err(Attempt::db)?;
@@ -502,6 +526,28 @@ impl Router {
                 Err(Attempt::caller(e))
             }
         }
+    }
+}
+
+/// A shard the router can reach.
+#[derive(Clone)]
+struct Shard {
+    pool: Pool,
+    statements: Statements,
+}
+
+impl Shard {
+    fn new(name: &str, config: ShardConfig) -> Result<Shard> {
+        let timeouts = Timeouts {
+            connect: config.connect_timeout,
+            query: config.connect_timeout,
+        };
+        let pool = pool::build(config.config, config.pool_size, timeouts)
+            .map_err(|e| Error::Config(format!("shard {name}: {e}")))?;
+        Ok(Shard {
+            pool,
+            statements: config.statements,
+        })
     }
 }
 

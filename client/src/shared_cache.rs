@@ -15,6 +15,7 @@ use crate::metrics::Counters;
 
 /// Where the shared cache lives and how long entries stay.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct SharedCacheConfig {
     /// `redis://host:port/db`.
     pub url: String,
@@ -42,6 +43,12 @@ impl SharedCacheConfig {
         }
     }
 }
+
+setters!(SharedCacheConfig {
+    prefix: String,
+    ttl: Duration,
+    timeout: Duration,
+});
 
 pub(crate) struct SharedCache {
     client: redis::Client,

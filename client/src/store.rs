@@ -1,14 +1,17 @@
-//! The authoritative store: the directory database, read with prepared statements.
+//! The authoritative store: the directory database, read one round trip per query.
 
-use std::future::Future;
 use std::sync::Arc;
 
 use deadpool_postgres::Pool;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
 
 use crate::entry::{EntityKey, Entry, State};
 use crate::error::{Error, Result};
 use crate::metrics::Counters;
 use crate::pool::{self, Timeouts};
+use crate::statements::Statements;
+use tokio_postgres::types::Type;
 
 /// The entry and the global version, from one snapshot, in one round trip.
 const FETCH: &str = "SELECT v.version, d.shard_name, d.target_shard, d.state, d.region, d.version \
@@ -23,6 +26,7 @@ pub(crate) struct Store {
     pool: Pool,
     counters: Arc<Counters>,
     timeouts: Timeouts,
+    statements: Statements,
 }
 
 /// A connection-level failure means "unreachable"; an error the server sent means it answered.
@@ -55,6 +59,7 @@ impl Store {
         config: tokio_postgres::Config,
         size: usize,
         timeouts: Timeouts,
+        statements: Statements,
         counters: Arc<Counters>,
     ) -> Result<Store> {
         let pool = pool::build(config, size, timeouts)
@@ -63,19 +68,24 @@ impl Store {
             pool,
             counters,
             timeouts,
+            statements,
         })
     }
 
-    /// Runs one query on a pooled connection, within the query timeout.
-    async fn query<T, F>(&self, run: impl FnOnce(deadpool_postgres::Object) -> F) -> Result<T>
-    where
-        F: Future<Output = Result<T, tokio_postgres::Error>>,
-    {
+    /// Runs `sql` on a pooled connection, within the query timeout.
+    async fn query<const N: usize>(
+        &self,
+        sql: &str,
+        params: [(&(dyn ToSql + Sync), Type); N],
+    ) -> Result<Vec<Row>> {
         self.counters.store_query();
         let timeouts = self.timeouts;
         let work = async {
             let client = self.pool.get().await.map_err(|e| pool_error(e, timeouts))?;
-            run(client).await.map_err(classify)
+            self.statements
+                .query(&client, &**client, sql, params)
+                .await
+                .map_err(classify)
         };
         tokio::time::timeout(timeouts.query, work)
             .await
@@ -85,15 +95,28 @@ impl Store {
             }))
     }
 
+    /// `sql`'s one row.
+    async fn query_one<const N: usize>(
+        &self,
+        sql: &str,
+        params: [(&(dyn ToSql + Sync), Type); N],
+    ) -> Result<Row> {
+        let rows = self.query(sql, params).await?;
+        // Only when the version row is gone: not a directory database, or a broken one.
+        rows.into_iter().next().ok_or_else(|| {
+            Error::Config(format!(
+                "the directory database has no shard_directory_version row (query: {sql})"
+            ))
+        })
+    }
+
     /// The entity's entry (None if it has none) and the global version it was read at.
     pub async fn fetch(&self, key: &EntityKey) -> Result<(Option<Entry>, i64)> {
         let row = self
-            .query(async |client| {
-                let statement = client.prepare_cached(FETCH).await?;
-                client
-                    .query_one(&statement, &[&key.entity_type, &key.entity_id])
-                    .await
-            })
+            .query_one(
+                FETCH,
+                [(&key.entity_type, Type::TEXT), (&key.entity_id, Type::TEXT)],
+            )
             .await?;
         let directory_version: i64 = row.get(0);
         let entry = row.get::<_, Option<String>>(1).map(|shard_name| Entry {
@@ -112,26 +135,17 @@ impl Store {
     /// The registry's `conninfo` of `shard`, if the shard is registered with one.
     pub async fn conninfo(&self, shard: &str) -> Result<Option<String>> {
         let rows = self
-            .query(async |client| {
-                let statement = client
-                    .prepare_cached(
-                        "SELECT conninfo FROM shard_directory.shards WHERE shard_name = $1",
-                    )
-                    .await?;
-                client.query(&statement, &[&shard]).await
-            })
+            .query(
+                "SELECT conninfo FROM shard_directory.shards WHERE shard_name = $1",
+                [(&shard, Type::TEXT)],
+            )
             .await?;
         Ok(rows.first().and_then(|r| r.get(0)))
     }
 
     /// The global version, and how long ago it changed.
     pub async fn current_version(&self) -> Result<(i64, f64)> {
-        let row = self
-            .query(async |client| {
-                let statement = client.prepare_cached(CURRENT_VERSION).await?;
-                client.query_one(&statement, &[]).await
-            })
-            .await?;
+        let row = self.query_one(CURRENT_VERSION, []).await?;
         Ok((row.get(0), row.get(1)))
     }
 }

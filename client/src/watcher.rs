@@ -14,6 +14,7 @@ use crate::cache::Cache;
 use crate::directory::adopt_lower;
 use crate::metrics::Counters;
 use crate::pool::{self, Timeouts};
+use crate::statements::Statements;
 use crate::store::CURRENT_VERSION;
 
 /// What the watcher knows about its own health.
@@ -63,6 +64,7 @@ impl Watch {
 
 pub(crate) struct Watcher {
     pub config: tokio_postgres::Config,
+    pub statements: Statements,
     pub cache: Arc<Cache>,
     pub watch: Arc<Watch>,
     pub counters: Arc<Counters>,
@@ -126,10 +128,16 @@ impl Watcher {
             if self.listen {
                 client.batch_execute("LISTEN shard_directory").await?;
             }
-            let poll = client.prepare(CURRENT_VERSION).await?;
+            let poll = match self.statements {
+                Statements::Prepared => Some(client.prepare(CURRENT_VERSION).await?),
+                _ => None,
+            };
             let query_version =
                 async || -> Result<(i64, Option<Duration>), tokio_postgres::Error> {
-                    let row = client.query_one(&poll, &[]).await?;
+                    let row = match &poll {
+                        Some(poll) => client.query_one(poll, &[]).await?,
+                        None => client.query_typed_one(CURRENT_VERSION, &[]).await?,
+                    };
                     Ok((
                         row.get(0),
                         Duration::try_from_secs_f64(row.get::<_, f64>(1)).ok(),

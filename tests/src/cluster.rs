@@ -48,6 +48,28 @@ fn is_root() -> bool {
     })
 }
 
+/// The uid and gid of `postgres`, when we are root and server-side programs must run as it.
+pub(crate) fn server_user() -> Option<(u32, u32)> {
+    if !is_root() {
+        return None;
+    }
+    let id = |flag: &str| -> u32 {
+        let out = run(
+            {
+                let mut c = Command::new("id");
+                c.args([flag, "postgres"]);
+                c
+            },
+            "id postgres",
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .expect("a numeric id")
+    };
+    Some((id("-u"), id("-g")))
+}
+
 /// Server-side programs run as `postgres` when we are root: PostgreSQL refuses root. The server
 /// must not inherit RUST_BACKTRACE: pgrx would append backtraces to error DETAILs.
 fn server_command(program: &str) -> Command {

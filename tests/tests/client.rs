@@ -133,10 +133,7 @@ async fn a_notification_missed_while_disconnected_is_recovered() {
     t.add_tenant("8842", "shard_1").await;
     // Poll only every hour: only the reconnect can bring the change in.
     let d = t
-        .client_directory(DirectoryConfig {
-            poll_interval: Duration::from_secs(3600),
-            ..Default::default()
-        })
+        .client_directory(DirectoryConfig::default().poll_interval(Duration::from_secs(3600)))
         .await;
     d.lookup("tenant", "8842").await.unwrap();
     let dba = t.dba().await;
@@ -165,11 +162,9 @@ async fn a_stale_route_is_refused_then_repaired_and_lands_on_the_right_shard() {
     let t = Topology::start("stale").await;
     t.add_tenant("8842", "shard_1").await;
     // A client that hears of changes only from shards: no LISTEN, a poll that never comes.
-    let config = DirectoryConfig {
-        listen: false,
-        poll_interval: Duration::from_secs(3600),
-        ..Default::default()
-    };
+    let config = DirectoryConfig::default()
+        .listen(false)
+        .poll_interval(Duration::from_secs(3600));
     let r = t.router(t.client_directory(config).await);
     insert(&r, "8842", "a").await.unwrap();
 
@@ -221,11 +216,9 @@ async fn a_stale_route_is_refused_then_repaired_and_lands_on_the_right_shard() {
 async fn a_moved_repair_carries_the_fences_version_so_a_later_move_is_not_missed() {
     let t = Topology::with_shards("moved-twice", 3).await;
     t.add_tenant("8842", "shard_1").await;
-    let deaf = DirectoryConfig {
-        listen: false,
-        poll_interval: Duration::from_secs(3600),
-        ..Default::default()
-    };
+    let deaf = DirectoryConfig::default()
+        .listen(false)
+        .poll_interval(Duration::from_secs(3600));
     let r = t.router(t.client_directory(deaf).await);
     insert(&r, "8842", "a").await.unwrap();
     let first = t.move_tenant("8842", "shard_2").await;
@@ -328,10 +321,9 @@ async fn migrating_reads_both_shards_and_read_only_refuses_writes_before_any_rou
     reaches(&d, v).await;
     let before = d.stats();
     // A router whose deadline is shorter than the freeze gives up with ReadOnly...
-    let impatient = t.router(d.clone()).with_retry(RetryPolicy {
-        deadline: Duration::from_millis(200),
-        ..Default::default()
-    });
+    let impatient = t
+        .router(d.clone())
+        .with_retry(RetryPolicy::default().deadline(Duration::from_millis(200)));
     let err = insert(&impatient, "8842", "frozen").await.unwrap_err();
     assert!(
         matches!(err, Error::ReadOnly(_)) && err.is_retryable(),
@@ -421,10 +413,7 @@ async fn directory_down_serves_active_entries_from_cache_and_fails_closed_mid_mo
         .await;
     let serving = t.client_directory(DirectoryConfig::default()).await;
     let closed = t
-        .client_directory(DirectoryConfig {
-            policy: Policy::FailClosed,
-            ..Default::default()
-        })
+        .client_directory(DirectoryConfig::default().policy(Policy::FailClosed))
         .await;
     for d in [&serving, &closed] {
         reaches(d, v).await;

@@ -3,7 +3,14 @@
 
 use std::time::Duration;
 
-use shard_directory_client::{Directory, DirectoryConfig, Policy, WATCHER_APPLICATION_NAME};
+use std::sync::Arc;
+
+use shard_directory_client::{
+    Directory, DirectoryConfig, EntityKey, Error, Policy, Router, ShardConfig, Statements,
+    WATCHER_APPLICATION_NAME,
+};
+use shard_directory_e2e::pgbouncer::PgBouncer;
+use shard_directory_e2e::topology::{DIRECTORY_DB, SHARD_DB};
 use shard_directory_e2e::{eventually, reaches, Topology};
 
 const DEADLINE: Duration = Duration::from_secs(15);
@@ -52,10 +59,7 @@ async fn a_directory_whose_version_went_back_is_adopted_not_read_forever() {
     let known = t.add_tenant("2", "shard_1").await;
     // Hourly poll, so only the fill can notice.
     let d = t
-        .client_directory(DirectoryConfig {
-            poll_interval: Duration::from_secs(3600),
-            ..Default::default()
-        })
+        .client_directory(DirectoryConfig::default().poll_interval(Duration::from_secs(3600)))
         .await;
     reaches(&d, known).await;
     assert_eq!(lookup_in_time(&d, "1").await, "shard_1");
@@ -96,10 +100,7 @@ async fn lookups_go_to_the_store_while_the_watcher_cannot_reconnect() {
     let t = Topology::start("watcherless").await;
     let v = t.add_tenant("1", "shard_1").await;
     let d = t
-        .client_directory(DirectoryConfig {
-            policy: Policy::FailClosed,
-            ..Default::default()
-        })
+        .client_directory(DirectoryConfig::default().policy(Policy::FailClosed))
         .await;
     reaches(&d, v).await;
     assert_eq!(lookup_in_time(&d, "1").await, "shard_1");
@@ -328,12 +329,12 @@ async fn a_directory_that_stops_answering_moves_lookups_to_the_policy_in_bounded
     let v = t.add_tenant("2", "shard_1").await;
     let second = Duration::from_secs(1);
     let d = t
-        .client_directory(DirectoryConfig {
-            poll_interval: second,
-            query_timeout: second,
-            connect_timeout: second,
-            ..Default::default()
-        })
+        .client_directory(
+            DirectoryConfig::default()
+                .poll_interval(second)
+                .query_timeout(second)
+                .connect_timeout(second),
+        )
         .await;
     reaches(&d, v).await;
     assert_eq!(lookup_in_time(&d, "1").await, "shard_1");
@@ -439,4 +440,131 @@ async fn a_shard_added_at_run_time_is_learned_from_the_registry() {
         .orders("shard_3", "1")
         .await
         .contains(&"on the new shard".to_owned()));
+}
+
+/// Item 12: queries through a real PgBouncer in transaction mode (two server connections per
+/// pool, so consecutive transactions of one client land on different server connections), LISTEN
+/// straight to PostgreSQL. Routing, the stamp and a stale-route retry work through it; a watcher
+/// that only polls works through it; a watcher whose LISTEN goes direct hears changes with no
+/// poll at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routing_the_stamp_retries_and_the_poll_work_through_pgbouncer_in_transaction_mode() {
+    let t = Topology::start("bouncer").await;
+    t.add_tenant("8842", "shard_1").await;
+    let directory_bouncer = PgBouncer::start(&t.directory, 2).await;
+    let shard_bouncers: Vec<(String, PgBouncer)> = futures_util::future::join_all(
+        t.shards
+            .iter()
+            .map(async |(name, cluster)| (name.clone(), PgBouncer::start(cluster, 2).await)),
+    )
+    .await;
+    let through_bouncer = |config: DirectoryConfig| {
+        let config = config.statements(Statements::Unnamed);
+        Directory::connect(directory_bouncer.config(DIRECTORY_DB), config)
+    };
+    let router = |directory| {
+        let shards = shard_bouncers.iter().map(|(name, bouncer)| {
+            // Pool size odd, against PgBouncer's two server connections taken in turn: a pooled
+            // connection used again lands on the other server connection.
+            ShardConfig::new(name.clone(), bouncer.config(SHARD_DB))
+                .statements(Statements::Unnamed)
+                .pool_size(3)
+        });
+        Arc::new(Router::new(directory, shards).unwrap())
+    };
+    let hour = Duration::from_secs(3600);
+    // Queries through the pooler, LISTEN direct, no poll: only a notification can bring news.
+    let listening = through_bouncer(
+        DirectoryConfig::default()
+            .listen_config(t.directory_config())
+            .poll_interval(hour),
+    )
+    .await
+    .unwrap();
+    // Everything through the pooler, no LISTEN: the poll brings news.
+    let polling = through_bouncer(
+        DirectoryConfig::default()
+            .listen(false)
+            .poll_interval(Duration::from_millis(200)),
+    )
+    .await
+    .unwrap();
+    // Through the pooler, told nothing: learns of the move from the shard's refusal. Its shard
+    // pools are the application's own (`with_pool`).
+    let unaware = shard_bouncers.iter().fold(
+        Router::new(
+            through_bouncer(DirectoryConfig::default().listen(false).poll_interval(hour))
+                .await
+                .unwrap(),
+            [],
+        )
+        .unwrap(),
+        |router, (name, bouncer)| {
+            let manager = deadpool_postgres::Manager::from_config(
+                bouncer.config(SHARD_DB),
+                tokio_postgres::NoTls,
+                deadpool_postgres::ManagerConfig::default(),
+            );
+            let pool = deadpool_postgres::Pool::builder(manager)
+                .max_size(3)
+                .build()
+                .unwrap();
+            router.with_pool(name.clone(), pool, Statements::Unnamed)
+        },
+    );
+
+    let listening = router(listening);
+    let writers: Vec<_> = (0..8)
+        .map(|i| {
+            let router = listening.clone();
+            tokio::spawn(async move {
+                let item = format!("before {i}");
+                router
+                    .run(&EntityKey::new("tenant", "8842"), async move |tx| {
+                        tx.execute("INSERT INTO orders VALUES ('8842', $1)", &[&item])
+                            .await?;
+                        Ok::<_, Error>(())
+                    })
+                    .await
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.unwrap().unwrap();
+    }
+    // Then one at a time: the pool's connections are used again, on other server connections.
+    for i in 0..12 {
+        let item = format!("then {i}");
+        listening
+            .run(&EntityKey::new("tenant", "8842"), async |tx| {
+                tx.execute("INSERT INTO orders VALUES ('8842', $1)", &[&item])
+                    .await?;
+                Ok::<_, Error>(())
+            })
+            .await
+            .unwrap();
+    }
+    assert_eq!(t.orders("shard_1", "8842").await.len(), 20);
+
+    unaware.directory().lookup("tenant", "8842").await.unwrap();
+    let moved = t.move_tenant("8842", "shard_2").await;
+    reaches(listening.directory(), moved).await;
+    reaches(&polling, moved).await;
+    unaware
+        .run(&EntityKey::new("tenant", "8842"), async |tx| {
+            tx.execute("INSERT INTO orders VALUES ('8842', 'after')", &[])
+                .await?;
+            Ok::<_, Error>(())
+        })
+        .await
+        .unwrap();
+    assert_eq!(unaware.directory().stats().rejections("moved"), 1);
+    let on_target = t.orders("shard_2", "8842").await;
+    assert_eq!(on_target.len(), 21, "{on_target:?}");
+    assert!(on_target.contains(&"after".to_owned()));
+    assert!(t.orders("shard_1", "8842").await.is_empty());
+    assert!(
+        !directory_bouncer.log().is_empty(),
+        "the directory's queries went through PgBouncer"
+    );
 }

@@ -18,11 +18,9 @@ async fn rejections_retries_and_cache_counters_reach_the_applications_recorder()
 
     let t = Topology::start("metrics").await;
     t.add_tenant("8842", "shard_1").await;
-    let config = DirectoryConfig {
-        listen: false,
-        poll_interval: Duration::from_secs(3600),
-        ..Default::default()
-    };
+    let config = DirectoryConfig::default()
+        .listen(false)
+        .poll_interval(Duration::from_secs(3600));
     let d = t.client_directory(config).await;
     let router = t.router(d);
     // Cached before the move, and not told about it: the shard will have to say so.

@@ -52,12 +52,9 @@ async fn routed_transactions_carry_a_span_and_giving_up_is_logged() {
     .unwrap();
     // A freeze longer than a short deadline: giving up is logged.
     t.step("SELECT shard_directory.freeze('tenant', '1')").await;
-    let impatient = t
-        .router(d.clone())
-        .with_retry(shard_directory_client::RetryPolicy {
-            deadline: Duration::from_millis(100),
-            ..Default::default()
-        });
+    let impatient = t.router(d.clone()).with_retry(
+        shard_directory_client::RetryPolicy::default().deadline(Duration::from_millis(100)),
+    );
     eventually("the freeze to reach the client", DEADLINE, || async {
         (d.lookup("tenant", "1").await.ok()?.state == shard_directory_client::State::ReadOnly)
             .then_some(())

@@ -233,11 +233,9 @@ async fn no_acknowledged_write_is_lost_or_duplicated_while_tenants_move() {
         let config = if i < 2 {
             DirectoryConfig::default()
         } else {
-            DirectoryConfig {
-                listen: false,
-                poll_interval: Duration::from_secs(3600),
-                ..Default::default()
-            }
+            DirectoryConfig::default()
+                .listen(false)
+                .poll_interval(Duration::from_secs(3600))
         };
         routers.push(Arc::new(t.router(t.client_directory(config).await)));
     }

@@ -10,10 +10,7 @@ use shard_directory_e2e::{eventually, Topology};
 const DEADLINE: Duration = Duration::from_secs(15);
 
 async fn directory(t: &Topology, redis: &RedisServer) -> Directory {
-    let config = DirectoryConfig {
-        shared_cache: Some(SharedCacheConfig::new(redis.url())),
-        ..Default::default()
-    };
+    let config = DirectoryConfig::default().shared_cache(SharedCacheConfig::new(redis.url()));
     t.client_directory(config).await
 }
 

@@ -84,11 +84,9 @@ async fn main() {
     .await
     .unwrap();
     // A second instance that will not hear about the move (no LISTEN, hourly poll).
-    let deaf_config = DirectoryConfig {
-        listen: false,
-        poll_interval: Duration::from_secs(3600),
-        ..Default::default()
-    };
+    let deaf_config = DirectoryConfig::default()
+        .listen(false)
+        .poll_interval(Duration::from_secs(3600));
     let deaf = t.router(t.client_directory(deaf_config).await);
     write(&app, "8842", "first order").await;
     write(&deaf, "8842", "second order").await;
