@@ -1,5 +1,6 @@
-//! `/debug/directory` (JSON) and `/metrics` (Prometheus text) for one [`Directory`], as an axum
-//! router the host application mounts, or serves on an address of its own.
+//! `/debug/directory` (JSON) for one [`Directory`], as an axum router the host application
+//! mounts, or serves on an address of its own. Metrics go through the `metrics` facade to the
+//! recorder the application installs (e.g. `metrics-exporter-prometheus`), not through here.
 //!
 //! ```no_run
 //! # async fn demo(directory: shard_directory_client::Directory) -> std::io::Result<()> {
@@ -10,18 +11,14 @@
 //! # let _ = (app, addr); Ok(()) }
 //! ```
 
-use std::fmt::Write;
 use std::net::SocketAddr;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
-use axum::http::header;
-use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Json;
 use serde::Serialize;
 
-use crate::metrics::names;
 use crate::{Directory, Policy, Stats};
 
 /// The body of `/debug/directory`.
@@ -64,60 +61,14 @@ impl DebugView {
     }
 }
 
-/// The client's state in the Prometheus text format.
-pub fn prometheus(d: &Directory) -> String {
-    let v = DebugView::of(d);
-    let mut out = String::new();
-    // The same names as the `metrics` facade's (`metrics::names`), so a dashboard reads either.
-    let mut metric = |name: &str, kind: &str, samples: &[(&str, u64)]| {
-        let name = names::prometheus(name);
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        for (labels, value) in samples {
-            let _ = writeln!(out, "{name}{labels} {value}");
-        }
-    };
-    let one = |n: u64| [("", n)];
-    metric(names::VERSION, "gauge", &one(v.version.max(0) as u64));
-    metric(names::WATCHER_CONNECTED, "gauge", &one(v.connected as u64));
-    metric(names::CACHE_ENTRIES, "gauge", &one(v.entries as u64));
-    metric(names::CACHE_HITS, "counter", &one(v.stats.cache_hits));
-    metric(names::CACHE_MISSES, "counter", &one(v.stats.cache_misses));
-    metric(names::SERVING_STALE, "counter", &one(v.stats.serving_stale));
-    metric(names::STORE_QUERIES, "counter", &one(v.stats.store_queries));
-    metric(names::INVALIDATIONS, "counter", &one(v.stats.invalidations));
-    metric(
-        names::VERSION_REGRESSIONS,
-        "counter",
-        &one(v.stats.version_regressions),
-    );
-    metric(names::RETRIES, "counter", &one(v.stats.retries));
-    let labels: Vec<(String, u64)> = v
-        .stats
-        .rejections
-        .iter()
-        .map(|(r, n)| (format!("{{reason=\"{r}\"}}"), *n))
-        .collect();
-    let samples: Vec<(&str, u64)> = labels.iter().map(|(l, n)| (l.as_str(), *n)).collect();
-    metric(names::REJECTIONS, "counter", &samples);
-    out
-}
-
 async fn debug(State(d): State<Directory>) -> Json<DebugView> {
     Json(DebugView::of(&d))
 }
 
-async fn metrics(State(d): State<Directory>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        prometheus(&d),
-    )
-}
-
-/// `/debug/directory` and `/metrics`, to mount in the application's router.
+/// `/debug/directory`, to mount in the application's router.
 pub fn router(directory: Directory) -> axum::Router {
     axum::Router::new()
         .route("/debug/directory", get(debug))
-        .route("/metrics", get(metrics))
         .with_state(directory)
 }
 

@@ -32,24 +32,9 @@ pub mod names {
     /// Counter: times the directory's version was found below the one this client knew (a
     /// restore from backup, a failover that lost commits); the client adopted it and flushed.
     pub const VERSION_REGRESSIONS: &str = "shard_directory_version_regressions_total";
-    /// Gauge (debug endpoint only): whether the watcher's connection is up.
+    /// Gauge: 1 while the watcher's connection is up, 0 while it reconnects (lookups then go
+    /// to the store).
     pub const WATCHER_CONNECTED: &str = "shard_directory_watcher_connected";
-    /// Gauge (debug endpoint only): entries in the cache.
-    pub const CACHE_ENTRIES: &str = "shard_directory_cache_entries";
-
-    /// `name` as the Prometheus text format writes it (what a Prometheus recorder of the
-    /// `metrics` facade prints too): every character outside `[a-zA-Z0-9_:]` becomes `_`.
-    pub fn prometheus(name: &str) -> String {
-        name.chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '_' || c == ':' {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect()
-    }
 }
 
 const REASONS: [&str; 5] = ["stale", "missing", "frozen", "moved", "serialization"];
@@ -162,6 +147,10 @@ impl Counters {
         metrics::gauge!(names::VERSION).set(version as f64);
     }
 
+    pub fn watcher_connected(&self, up: bool) {
+        metrics::gauge!(names::WATCHER_CONNECTED).set(if up { 1.0 } else { 0.0 });
+    }
+
     pub fn retried(&self) {
         bump(&self.retries);
         metrics::counter!(names::RETRIES).increment(1);
@@ -185,19 +174,5 @@ impl Counters {
                 .map(|(r, c)| (r.to_string(), get(c)))
                 .collect(),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::names;
-
-    #[test]
-    fn the_debug_endpoint_writes_the_facades_names_as_prometheus_does() {
-        assert_eq!(
-            names::prometheus(names::SERVING_STALE),
-            "directory_serving_stale"
-        );
-        assert_eq!(names::prometheus(names::REJECTIONS), names::REJECTIONS);
     }
 }

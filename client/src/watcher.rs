@@ -90,6 +90,7 @@ impl Watcher {
         loop {
             let err = self.session(&mut failures).await;
             self.watch.connected.store(false, Ordering::SeqCst);
+            self.counters.watcher_connected(false);
             let wait =
                 crate::backoff::jittered(Duration::from_millis(50), failures, self.max_backoff);
             tracing::warn!(error = %err, retry_in = ?wait, "shard directory watcher disconnected");
@@ -167,6 +168,7 @@ impl Watcher {
             };
             read().await?;
             self.watch.connected.store(true, Ordering::SeqCst);
+            self.counters.watcher_connected(true);
             tracing::info!(
                 version = self.cache.version(),
                 "shard directory watcher connected"

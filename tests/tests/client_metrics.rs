@@ -1,70 +1,114 @@
-//! The client's counters reach the recorder the application installs (here metrics-util's
-//! debugging recorder; the crate never installs one itself). One test per binary: the recorder is
-//! global.
+//! The client's metrics reach the recorder the application installs, here
+//! `metrics-exporter-prometheus` as a service would install it (the crate never installs one),
+//! under the names of `metrics::names` (Prometheus writes `directory.serving_stale` as
+//! `directory_serving_stale`), with the same counts as `Directory::stats()`; every path by which
+//! a newer version reaches the cache counts as an invalidation. One test per binary: the
+//! recorder is global.
 
 use std::time::Duration;
 
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use shard_directory_client::{metrics::names, DirectoryConfig, EntityKey};
-use shard_directory_e2e::Topology;
+use metrics_exporter_prometheus::PrometheusBuilder;
+use shard_directory_client::{metrics::names, DirectoryConfig, EntityKey, Error, Stats};
+use shard_directory_e2e::{eventually, reaches, Topology};
+
+const DEADLINE: Duration = Duration::from_secs(15);
+
+/// The value of `series` (a name, with its labels) in the exporter's text.
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{series} is not in the exporter's text:\n{text}"))
+}
 
 #[tokio::test]
-async fn rejections_retries_and_cache_counters_reach_the_applications_recorder() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    recorder
-        .install()
+async fn every_count_and_every_invalidation_path_reaches_the_applications_prometheus_exporter() {
+    let prometheus = PrometheusBuilder::new()
+        .install_recorder()
         .expect("the only recorder in this test binary");
-
     let t = Topology::start("metrics").await;
     t.add_tenant("8842", "shard_1").await;
-    let config = DirectoryConfig::default()
-        .listen(false)
-        .poll_interval(Duration::from_secs(3600));
-    let d = t.client_directory(config).await;
-    let router = t.router(d);
-    // Cached before the move, and not told about it: the shard will have to say so.
-    router.directory().lookup("tenant", "8842").await.unwrap();
+    let hour = Duration::from_secs(3600);
+    // Told nothing: no LISTEN, no poll.
+    let deaf = t
+        .client_directory(DirectoryConfig::default().listen(false).poll_interval(hour))
+        .await;
+    let listening = t
+        .client_directory(DirectoryConfig::default().poll_interval(hour))
+        .await;
+    let polling = t
+        .client_directory(
+            DirectoryConfig::default()
+                .listen(false)
+                .poll_interval(Duration::from_millis(100)),
+        )
+        .await;
+
+    // A shard's `moved` refusal: the route cached before the move is refused, and moved_to
+    // brings the cutover's version.
+    let router = t.router(deaf.clone());
+    deaf.lookup("tenant", "8842").await.unwrap();
     t.move_tenant("8842", "shard_2").await;
     router
         .run(&EntityKey::new("tenant", "8842"), async |tx| {
             tx.execute("INSERT INTO orders VALUES ('8842', 'x')", &[])
                 .await?;
-            Ok::<_, shard_directory_client::Error>(())
+            Ok::<_, Error>(())
         })
         .await
         .unwrap();
+    assert_eq!(deaf.stats().invalidations, 1, "the moved refusal");
+    // refresh().
+    let v = t.add_tenant("2", "shard_1").await;
+    assert_eq!(deaf.refresh().await.unwrap(), v);
+    assert_eq!(deaf.stats().invalidations, 2, "refresh()");
+    // A fill that read a newer version than the client knew.
+    let last = t.add_tenant("3", "shard_1").await;
+    deaf.lookup("tenant", "3").await.unwrap();
+    assert_eq!(deaf.stats().invalidations, 3, "a fill that read newer");
+    // The watcher: a notification, a poll.
+    reaches(&listening, last).await;
+    reaches(&polling, last).await;
+    assert!(listening.stats().invalidations >= 1);
+    assert!(polling.stats().invalidations >= 1);
 
-    // One snapshot: taking one drains the debugging recorder's counters.
-    let snapshot = snapshotter.snapshot().into_vec();
-    let counter = |name: &str, label: Option<(&str, &str)>| -> u64 {
-        snapshot
+    // The directory goes away: once the watchers know, a cached entry is served stale.
+    t.directory.stop();
+    for d in [&deaf, &listening, &polling] {
+        eventually("the watcher to notice", DEADLINE, || async {
+            (!d.is_connected()).then_some(())
+        })
+        .await;
+    }
+    let served = deaf.lookup("tenant", "3").await.unwrap();
+    assert_eq!(served.shard_name, "shard_1");
+
+    let total = |f: fn(&Stats) -> u64| -> f64 {
+        [&deaf, &listening, &polling]
             .iter()
-            .filter(|(key, ..)| key.key().name() == name)
-            .filter(|(key, ..)| {
-                label
-                    .is_none_or(|(k, v)| key.key().labels().any(|l| l.key() == k && l.value() == v))
-            })
-            .map(|(.., value)| match value {
-                DebugValue::Counter(n) => *n,
-                other => panic!("{name} is not a counter: {other:?}"),
-            })
-            .sum()
+            .map(|d| f(&d.stats()))
+            .sum::<u64>() as f64
     };
-    assert_eq!(counter(names::REJECTIONS, Some(("reason", "moved"))), 1);
-    assert_eq!(counter(names::RETRIES, None), 1);
-    assert_eq!(
-        counter(names::CACHE_MISSES, None),
-        1,
-        "the lookup before the move"
-    );
-    assert_eq!(
-        counter(names::CACHE_HITS, None),
-        2,
-        "the stale route, then the one moved_to taught"
-    );
+    let text = prometheus.render();
+    let counters: [(&str, fn(&Stats) -> u64); 7] = [
+        (names::INVALIDATIONS, |s| s.invalidations),
+        (names::CACHE_HITS, |s| s.cache_hits),
+        (names::CACHE_MISSES, |s| s.cache_misses),
+        (names::STORE_QUERIES, |s| s.store_queries),
+        (names::RETRIES, |s| s.retries),
+        (&names::SERVING_STALE.replace(".", "_"), |s| s.serving_stale),
+        (&format!("{}{{reason=\"moved\"}}", names::REJECTIONS), |s| {
+            s.rejections("moved")
+        }),
+    ];
+    for (series, of) in counters {
+        assert_eq!(sample(&text, series), total(of), "{series}");
+    }
+    assert_eq!(total(|s| s.serving_stale), 1.0);
+    assert_eq!(total(|s| s.rejections("moved")), 1.0);
+    assert_eq!(sample(&text, names::VERSION), last as f64);
+    assert_eq!(sample(&text, names::WATCHER_CONNECTED), 0.0);
     assert!(
-        counter(names::STORE_QUERIES, None) >= 2,
-        "the version read at connect and the miss"
+        sample(&text, &format!("{}_count", names::INVALIDATION_LAG)) >= 1.0,
+        "the poll timed how old the change it brought was"
     );
 }
