@@ -8,8 +8,7 @@
 //!   client's directory version, and re-runs it when the shard refuses a stale route (SQLSTATE
 //!   40001), using the shard's `moved_to` hint when it gives one.
 //! - Metrics through the `metrics` facade (the application installs the recorder), logs through
-//!   `tracing`; with feature `debug-http`, an
-//!   axum router serving `/debug/directory`.
+//!   `tracing`; with feature `debug-http`, an axum router serving `/debug/directory`.
 //! - With feature `redis`, the guide's shared middle cache, keyed by directory version.
 
 #![warn(missing_docs)]

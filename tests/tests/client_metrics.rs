@@ -13,6 +13,9 @@ use shard_directory_e2e::{eventually, reaches, Topology};
 
 const DEADLINE: Duration = Duration::from_secs(15);
 
+/// One count of `Directory::stats()`.
+type Count = fn(&Stats) -> u64;
+
 /// The value of `series` (a name, with its labels) in the exporter's text.
 fn sample(text: &str, series: &str) -> f64 {
     text.lines()
@@ -82,14 +85,14 @@ async fn every_count_and_every_invalidation_path_reaches_the_applications_promet
     let served = deaf.lookup("tenant", "3").await.unwrap();
     assert_eq!(served.shard_name, "shard_1");
 
-    let total = |f: fn(&Stats) -> u64| -> f64 {
+    let total = |f: Count| -> f64 {
         [&deaf, &listening, &polling]
             .iter()
             .map(|d| f(&d.stats()))
             .sum::<u64>() as f64
     };
     let text = prometheus.render();
-    let counters: [(&str, fn(&Stats) -> u64); 7] = [
+    let counters: [(&str, Count); 7] = [
         (names::INVALIDATIONS, |s| s.invalidations),
         (names::CACHE_HITS, |s| s.cache_hits),
         (names::CACHE_MISSES, |s| s.cache_misses),
