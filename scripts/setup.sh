@@ -2,13 +2,15 @@
 # Idempotent set-up for a fresh Debian machine; quick when everything is already there.
 # Installs: PostgreSQL 15 server and headers, clang (bindgen), sudo (cargo pgrx test --runas),
 # redis-server (the client's shared-cache tests), pgbouncer (the client through a transaction-mode
-# pooler), cargo-pgrx 0.18.1, and points pgrx at the
+# pooler), pkg-config, libssl-dev and openssl (the client's feature native-tls and its test
+# certificates), cargo-pgrx 0.18.1, and points pgrx at the
 # system PostgreSQL 15.
 set -euo pipefail
 
 PGRX_VERSION=0.18.1
 PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
-PACKAGES=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo redis-server pgbouncer)
+PACKAGES=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo redis-server pgbouncer
+  pkg-config libssl-dev openssl)
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 

@@ -10,7 +10,7 @@ use crate::entry::{EntityKey, Entry, State};
 use crate::error::{Error, Result};
 use crate::metrics::{Counters, Stats};
 use crate::policy::Policy;
-use crate::pool::Timeouts;
+use crate::pool::{Connector, Timeouts};
 use crate::statements::Statements;
 use crate::store::Store;
 use crate::watcher::{AbortOnDrop, Watch, Watcher};
@@ -56,6 +56,11 @@ pub struct DirectoryConfig {
     /// How the directory queries are sent; [`Statements::Unnamed`] behind a transaction-mode
     /// pooler that cannot carry prepared statements (the watcher's poll too when it goes there).
     pub statements: Statements,
+    /// The TLS connector (feature `native-tls`) for the store's and the watcher's connections,
+    /// used as their connection strings' `sslmode` asks. `None`: the platform's default, which
+    /// verifies the server's certificate against the system's roots.
+    #[cfg(feature = "native-tls")]
+    pub tls: Option<native_tls::TlsConnector>,
     /// The shared middle cache (feature `redis`).
     #[cfg(feature = "redis")]
     pub shared_cache: Option<crate::SharedCacheConfig>,
@@ -74,6 +79,8 @@ impl Default for DirectoryConfig {
             listen: true,
             listen_config: None,
             statements: Statements::Prepared,
+            #[cfg(feature = "native-tls")]
+            tls: None,
             #[cfg(feature = "redis")]
             shared_cache: None,
         }
@@ -96,6 +103,13 @@ impl DirectoryConfig {
     /// Sets `listen_config`: where the watcher connects.
     pub fn listen_config(mut self, config: tokio_postgres::Config) -> Self {
         self.listen_config = Some(config);
+        self
+    }
+
+    /// Sets `tls`: the TLS connector (e.g. one that trusts the directory's CA).
+    #[cfg(feature = "native-tls")]
+    pub fn tls(mut self, connector: native_tls::TlsConnector) -> Self {
+        self.tls = Some(connector);
         self
     }
 
@@ -172,11 +186,16 @@ impl Directory {
             connect: settings.connect_timeout,
             query: settings.query_timeout,
         };
+        #[cfg(feature = "native-tls")]
+        let tls = Connector::new(settings.tls.as_ref())?;
+        #[cfg(not(feature = "native-tls"))]
+        let tls = Connector::Plain;
         let store = Store::new(
             config.clone(),
             settings.store_pool_size,
             timeouts,
             settings.statements,
+            &tls,
             counters.clone(),
         )?;
         let (version, _) = store.current_version().await?;
@@ -190,6 +209,7 @@ impl Directory {
         let watcher = Watcher {
             config: watcher_config,
             statements: watcher_statements,
+            tls,
             cache: cache.clone(),
             watch: watch.clone(),
             counters: counters.clone(),

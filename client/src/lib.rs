@@ -10,6 +10,8 @@
 //! - Metrics through the `metrics` facade (the application installs the recorder), logs through
 //!   `tracing`; with feature `debug-http`, an axum router serving `/debug/directory`.
 //! - With feature `redis`, the guide's shared middle cache, keyed by directory version.
+//! - With feature `native-tls`, TLS on every connection, as each connection string's `sslmode`
+//!   asks.
 
 #![warn(missing_docs)]
 
@@ -54,6 +56,9 @@ pub use directory::{Directory, DirectoryConfig};
 pub use entry::{EntityKey, Entry, State, UnknownState};
 pub use error::{Error, Result};
 pub use metrics::Stats;
+/// The TLS crate of `DirectoryConfig::tls` and `ShardConfig::tls` (feature `native-tls`).
+#[cfg(feature = "native-tls")]
+pub use native_tls;
 pub use policy::Policy;
 pub use rejection::Rejection;
 pub use router::{Reads, RetryPolicy, Router, ShardConfig, TxOptions};

@@ -15,7 +15,7 @@ use tracing::Instrument;
 use crate::directory::Directory;
 use crate::entry::{EntityKey, Entry, State};
 use crate::error::{Error, Result};
-use crate::pool::{self, Timeouts};
+use crate::pool::{self, Connector, Timeouts};
 use crate::rejection::Rejection;
 use crate::statements::Statements;
 
@@ -37,6 +37,11 @@ pub struct ShardConfig {
     /// How the stamp is sent; [`Statements::Unnamed`] behind a transaction-mode pooler that
     /// cannot carry prepared statements.
     pub statements: Statements,
+    /// The TLS connector (feature `native-tls`), used as the connection string's `sslmode`
+    /// asks. `None`: the platform's default, which verifies the server's certificate against
+    /// the system's roots.
+    #[cfg(feature = "native-tls")]
+    pub tls: Option<native_tls::TlsConnector>,
 }
 
 impl ShardConfig {
@@ -55,6 +60,8 @@ impl ShardConfig {
             pool_size: 8,
             connect_timeout: Duration::from_secs(5),
             statements: Statements::Prepared,
+            #[cfg(feature = "native-tls")]
+            tls: None,
         }
     }
 }
@@ -111,6 +118,15 @@ setters!(ShardConfig {
     connect_timeout: Duration,
     statements: Statements,
 });
+
+#[cfg(feature = "native-tls")]
+impl ShardConfig {
+    /// Sets `tls`: the TLS connector (e.g. one that trusts the shards' CA).
+    pub fn tls(mut self, connector: native_tls::TlsConnector) -> Self {
+        self.tls = Some(connector);
+        self
+    }
+}
 
 impl RetryPolicy {
     fn backoff(&self, attempt: u32) -> Duration {
@@ -542,7 +558,11 @@ impl Shard {
             connect: config.connect_timeout,
             query: config.connect_timeout,
         };
-        let pool = pool::build(config.config, config.pool_size, timeouts)
+        #[cfg(feature = "native-tls")]
+        let tls = Connector::new(config.tls.as_ref())?;
+        #[cfg(not(feature = "native-tls"))]
+        let tls = Connector::Plain;
+        let pool = pool::build(config.config, config.pool_size, timeouts, &tls)
             .map_err(|e| Error::Config(format!("shard {name}: {e}")))?;
         Ok(Shard {
             pool,

@@ -9,7 +9,7 @@ use tokio_postgres::Row;
 use crate::entry::{EntityKey, Entry, State};
 use crate::error::{Error, Result};
 use crate::metrics::Counters;
-use crate::pool::{self, Timeouts};
+use crate::pool::{self, Connector, Timeouts};
 use crate::statements::Statements;
 use tokio_postgres::types::Type;
 
@@ -60,9 +60,10 @@ impl Store {
         size: usize,
         timeouts: Timeouts,
         statements: Statements,
+        tls: &Connector,
         counters: Arc<Counters>,
     ) -> Result<Store> {
-        let pool = pool::build(config, size, timeouts)
+        let pool = pool::build(config, size, timeouts, tls)
             .map_err(|e| Error::Config(format!("directory pool: {e}")))?;
         Ok(Store {
             pool,

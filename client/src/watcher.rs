@@ -6,14 +6,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use futures_util::StreamExt;
-use tokio::sync::mpsc;
-use tokio_postgres::{AsyncMessage, NoTls};
-
 use crate::cache::Cache;
 use crate::directory::adopt_lower;
 use crate::metrics::Counters;
-use crate::pool::{self, Timeouts};
+use crate::pool::{self, Connector, Timeouts};
 use crate::statements::Statements;
 use crate::store::CURRENT_VERSION;
 
@@ -65,6 +61,7 @@ impl Watch {
 pub(crate) struct Watcher {
     pub config: tokio_postgres::Config,
     pub statements: Statements,
+    pub tls: Connector,
     pub cache: Arc<Cache>,
     pub watch: Arc<Watch>,
     pub counters: Arc<Counters>,
@@ -103,28 +100,11 @@ impl Watcher {
     async fn session(&self, failures: &mut u32) -> Ended {
         let mut config = self.config.clone();
         config.application_name(APPLICATION_NAME);
-        pool::harden(&mut config, self.timeouts.connect);
-        let (client, mut connection) = match config.connect(NoTls).await {
-            Ok(c) => c,
-            Err(e) => return Ended::Db(e),
-        };
-        let (tx, mut notifications) = mpsc::unbounded_channel();
-        let driver = tokio::spawn(async move {
-            let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-            while let Some(message) = messages.next().await {
-                match message {
-                    Ok(AsyncMessage::Notification(n)) => {
-                        let _ = tx.send(Ok(n));
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        let _ = tx.send(Err(e));
-                        return;
-                    }
-                }
-            }
-        });
-        let _driver = AbortOnDrop(driver);
+        let (client, mut notifications, _driver) =
+            match pool::connect(config, self.timeouts.connect, &self.tls).await {
+                Ok(c) => c,
+                Err(e) => return Ended::Db(e),
+            };
         let mut session = async || -> Result<std::convert::Infallible, Ended> {
             if self.listen {
                 client.batch_execute("LISTEN shard_directory").await?;

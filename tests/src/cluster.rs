@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
@@ -278,6 +279,54 @@ impl Cluster {
             client,
             notifications,
         }
+    }
+
+    /// Turns `ssl = on` with a self-signed certificate for `127.0.0.1` made for this cluster;
+    /// returns the certificate (PEM), for a client to trust. Plaintext connections still work
+    /// (the harness's own).
+    pub async fn enable_tls(&self) -> Vec<u8> {
+        let data = self.root.join("data");
+        let (cert, key) = (data.join("server.crt"), data.join("server.key"));
+        let mut openssl = Command::new("openssl");
+        openssl
+            .args([
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            ])
+            .args(["-subj", "/CN=127.0.0.1"])
+            .args(["-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert);
+        run(openssl, "openssl req (a self-signed certificate)");
+        if let Some((uid, gid)) = server_user() {
+            for file in [&cert, &key] {
+                std::os::unix::fs::chown(file, Some(uid), Some(gid))
+                    .expect("chown the certificate");
+            }
+        }
+        std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .expect("chmod the key");
+        let admin = self.connect("postgres").await;
+        for step in ["ALTER SYSTEM SET ssl = on", "SELECT pg_reload_conf()"] {
+            admin.batch_execute(step).await.expect("turn ssl on");
+        }
+        crate::eventually(
+            "the server to reload with ssl on",
+            Duration::from_secs(10),
+            || async {
+                let on: String = self
+                    .connect("postgres")
+                    .await
+                    .query_one("SHOW ssl", &[])
+                    .await
+                    .ok()?
+                    .get(0);
+                (on == "on").then_some(())
+            },
+        )
+        .await;
+        fs::read(&cert).expect("read the certificate")
     }
 
     /// Creates `db` with `shard_directory` installed in it.

@@ -568,3 +568,92 @@ async fn routing_the_stamp_retries_and_the_poll_work_through_pgbouncer_in_transa
         "the directory's queries went through PgBouncer"
     );
 }
+
+/// Item 10: with feature `native-tls`, the store, the watcher and the shards' connections use TLS
+/// when the connection string asks for it (`sslmode=require`), against clusters with `ssl = on`
+/// and a self-signed certificate the client is told to trust; not trusting it, the client
+/// refuses to connect.
+#[tokio::test]
+async fn connections_use_tls_when_the_connection_string_asks_for_it() {
+    use shard_directory_client::native_tls::{Certificate, TlsConnector};
+
+    let t = Topology::start("tls").await;
+    let mut trusted = TlsConnector::builder();
+    for cluster in std::iter::once(&t.directory).chain(t.shards.iter().map(|(_, c)| c)) {
+        let pem = cluster.enable_tls().await;
+        trusted.add_root_certificate(Certificate::from_pem(&pem).unwrap());
+    }
+    let trusted = trusted.build().unwrap();
+    t.add_tenant("8842", "shard_1").await;
+    let require_tls = |mut config: tokio_postgres::Config| {
+        config
+            .ssl_mode(tokio_postgres::config::SslMode::Require)
+            .application_name("tls_client");
+        config
+    };
+
+    // The system's roots do not include the clusters' own certificates.
+    let refused = Directory::connect(
+        require_tls(t.directory_config()),
+        DirectoryConfig::default(),
+    )
+    .await
+    .err()
+    .expect("an untrusted certificate is refused");
+    assert!(refused.is_directory_outage(), "{refused}");
+    let chain = format!("{refused:?}");
+    assert!(chain.contains("certificate"), "{chain}");
+
+    let d = Directory::connect(
+        require_tls(t.directory_config()),
+        DirectoryConfig::default().tls(trusted.clone()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        d.lookup("tenant", "8842").await.unwrap().shard_name,
+        "shard_1"
+    );
+    let later = t.add_tenant("2", "shard_2").await;
+    reaches(&d, later).await;
+    // Every connection of the client to the directory (the store's, the watcher's) is TLS.
+    let (all_tls, connections): (bool, i64) = {
+        let row = t
+            .dba()
+            .await
+            .query_one(
+                "SELECT bool_and(s.ssl), count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a \
+                 USING (pid) WHERE a.application_name IN ('tls_client', $1)",
+                &[&WATCHER_APPLICATION_NAME],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert!(
+        all_tls && connections >= 2,
+        "{connections} connections, all TLS: {all_tls}"
+    );
+
+    let shards = t
+        .shard_configs()
+        .into_iter()
+        .map(|(name, config)| ShardConfig::new(name, require_tls(config)).tls(trusted.clone()));
+    let router = Router::new(d, shards).unwrap();
+    let shard_tls = router
+        .run(&EntityKey::new("tenant", "8842"), async |tx| {
+            tx.execute("INSERT INTO orders VALUES ('8842', 'over tls')", &[])
+                .await?;
+            let row = tx
+                .query_one(
+                    "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                    &[],
+                )
+                .await?;
+            Ok::<bool, Error>(row.get(0))
+        })
+        .await
+        .unwrap();
+    assert!(shard_tls, "the routed transaction ran over TLS");
+    assert_eq!(t.orders("shard_1", "8842").await, ["over tls"]);
+}
