@@ -175,6 +175,17 @@ pub struct Directory {
     inner: Arc<Inner>,
 }
 
+impl std::fmt::Debug for Directory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Directory")
+            .field("version", &self.version())
+            .field("connected", &self.is_connected())
+            .field("entries", &self.cached_entries())
+            .field("policy", &self.policy())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Directory {
     /// Connects the store, reads the current version and starts the watcher.
     pub async fn connect(
@@ -299,7 +310,7 @@ impl Directory {
     }
 
     /// The store could not be reached (`cause`): the policy decides whether `cached` is served.
-    fn degraded(&self, cached: Option<Arc<Entry>>, cause: Error) -> Result<Arc<Entry>> {
+    pub(crate) fn degraded(&self, cached: Option<Arc<Entry>>, cause: Error) -> Result<Arc<Entry>> {
         let entry = self.inner.policy.degraded(cached, || cause)?;
         self.inner.counters.served_stale();
         tracing::warn!(entity = %entry.key, version = entry.directory_version, "directory unreachable: serving the cached entry");

@@ -230,6 +230,25 @@ pub struct Router {
     retry: RetryPolicy,
 }
 
+impl std::fmt::Debug for Router {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut shards: Vec<String> = self
+            .shards
+            .read()
+            .expect("shards lock")
+            .keys()
+            .cloned()
+            .collect();
+        shards.sort();
+        f.debug_struct("Router")
+            .field("directory", &self.directory)
+            .field("shards", &shards)
+            .field("learns_shards", &self.learn.is_some())
+            .field("retry", &self.retry)
+            .finish()
+    }
+}
+
 impl Router {
     /// A router over `shards`, looking entries up in `directory`. Pools connect lazily.
     pub fn new(
@@ -478,9 +497,15 @@ impl Router {
                     self.directory.learn_moved(&entry, moved_to, *version)
                 }
                 Rejection::Stale | Rejection::Missing => {
-                    // Unreachable: back off; the next lookup applies the outage policy.
                     if let Err(e) = self.directory.refresh().await {
+                        if !e.is_directory_outage() {
+                            return Err(e.into());
+                        }
+                        // The directory cannot say where the entity is now: the outage policy
+                        // decides, as for a lookup (FailClosed gives up here; ServeFromCache
+                        // re-runs on the cached route after a backoff).
                         tracing::debug!(entity = %key, error = %e, "refresh failed during a retry");
+                        self.directory.degraded(Some(entry), e)?;
                         tokio::time::sleep(backoff).await;
                     }
                 }

@@ -48,6 +48,11 @@ async fn run_and_read_are_send_spawned_on_a_multi_thread_runtime_and_in_an_axum_
     let t = Topology::start("send").await;
     t.add_tenant("8842", "shard_1").await;
     let router = Arc::new(t.router(t.client_directory(DirectoryConfig::default()).await));
+    let shown = format!("{router:?}");
+    assert!(
+        shown.contains(r#"shards: ["shard_1", "shard_2"]"#),
+        "{shown}"
+    );
     let writers: Vec<_> = (0..4)
         .map(|i| {
             let router = router.clone();

@@ -6,8 +6,8 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use shard_directory_client::{
-    Directory, DirectoryConfig, EntityKey, Error, Policy, Router, ShardConfig, Statements,
-    WATCHER_APPLICATION_NAME,
+    Directory, DirectoryConfig, EntityKey, Error, Policy, Rejection, RetryPolicy, Router,
+    ShardConfig, Statements, WATCHER_APPLICATION_NAME,
 };
 use shard_directory_e2e::pgbouncer::PgBouncer;
 use shard_directory_e2e::topology::{DIRECTORY_DB, SHARD_DB};
@@ -656,4 +656,68 @@ async fn connections_use_tls_when_the_connection_string_asks_for_it() {
         .unwrap();
     assert!(shard_tls, "the routed transaction ran over TLS");
     assert_eq!(t.orders("shard_1", "8842").await, ["over tls"]);
+}
+
+/// Item 5: a shard says the route is stale while the directory does not answer (frozen with
+/// SIGSTOP; the watchers have not noticed yet, so the cache still looks current): the refresh
+/// fails, and the outage policy decides. `FailClosed` gives up at once (retryable);
+/// `ServeFromCache` re-runs on the cached route until the deadline, then returns the shard's
+/// refusal. Nothing is written.
+#[tokio::test]
+async fn a_refresh_that_fails_during_a_retry_goes_through_the_outage_policy() {
+    let t = Topology::start("refreshfail").await;
+    let v = t.add_tenant("8842", "shard_1").await;
+    let second = Duration::from_secs(1);
+    let config = DirectoryConfig::default()
+        .query_timeout(second)
+        .connect_timeout(second);
+    let closed = t
+        .client_directory(config.clone().policy(Policy::FailClosed))
+        .await;
+    let serving = t.client_directory(config).await;
+    for d in [&closed, &serving] {
+        assert_eq!(lookup_in_time(d, "8842").await, "shard_1");
+    }
+    // Above any version the directory has: every route to shard_1 is stale.
+    t.shard("shard_1")
+        .await
+        .execute(
+            "SELECT shard_directory.raise_min_accepted($1)",
+            &[&(v + 1000)],
+        )
+        .await
+        .unwrap();
+    let _frozen = t.directory.freeze();
+    let key = EntityKey::new("tenant", "8842");
+    let insert = async |router: &Router| {
+        let run = router.run(&key, async |tx| {
+            tx.execute("INSERT INTO orders VALUES ('8842', 'x')", &[])
+                .await?;
+            Ok::<_, Error>(())
+        });
+        tokio::time::timeout(DEADLINE, run)
+            .await
+            .expect("the retry loop ends in bounded time")
+            .unwrap_err()
+    };
+    let retry = RetryPolicy::default().deadline(Duration::from_millis(1500));
+
+    let err = insert(&t.router(closed.clone()).with_retry(retry.clone())).await;
+    assert!(matches!(err, Error::FailClosed { .. }), "{err}");
+    assert!(err.is_retryable());
+    assert_eq!(closed.stats().rejections("stale"), 1);
+
+    let err = insert(&t.router(serving.clone()).with_retry(retry)).await;
+    assert!(
+        matches!(
+            err,
+            Error::Rejected {
+                rejection: Rejection::Stale,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(serving.stats().serving_stale >= 1);
+    assert!(t.orders("shard_1", "8842").await.is_empty());
 }
