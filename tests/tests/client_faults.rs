@@ -598,8 +598,7 @@ async fn connections_use_tls_when_the_connection_string_asks_for_it() {
         DirectoryConfig::default(),
     )
     .await
-    .err()
-    .expect("an untrusted certificate is refused");
+    .expect_err("an untrusted certificate is refused");
     assert!(refused.is_directory_outage(), "{refused}");
     let chain = format!("{refused:?}");
     assert!(chain.contains("certificate"), "{chain}");
