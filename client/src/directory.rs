@@ -10,7 +10,7 @@ use crate::entry::{EntityKey, Entry, State};
 use crate::error::{Error, Result};
 use crate::metrics::{Counters, Stats};
 use crate::policy::Policy;
-use crate::pool::{Connector, Timeouts};
+use crate::pool::Timeouts;
 use crate::statements::Statements;
 use crate::store::Store;
 use crate::watcher::{AbortOnDrop, Watch, Watcher};
@@ -197,10 +197,7 @@ impl Directory {
             connect: settings.connect_timeout,
             query: settings.query_timeout,
         };
-        #[cfg(feature = "native-tls")]
-        let tls = Connector::new(settings.tls.as_ref())?;
-        #[cfg(not(feature = "native-tls"))]
-        let tls = Connector::Plain;
+        let tls = connector_of!(settings)?;
         let store = Store::new(
             config.clone(),
             settings.store_pool_size,

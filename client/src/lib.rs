@@ -32,6 +32,18 @@ macro_rules! setters {
     };
 }
 
+/// The TLS connector a config struct's `tls` field asks for (the field exists with feature
+/// `native-tls`; without it, plaintext).
+macro_rules! connector_of {
+    ($config:expr) => {{
+        #[cfg(feature = "native-tls")]
+        let connector = crate::pool::Connector::new($config.tls.as_ref());
+        #[cfg(not(feature = "native-tls"))]
+        let connector: crate::error::Result<_> = Ok(crate::pool::Connector::Plain);
+        connector
+    }};
+}
+
 mod backoff;
 mod cache;
 #[cfg(feature = "debug-http")]

@@ -15,7 +15,7 @@ use tracing::Instrument;
 use crate::directory::Directory;
 use crate::entry::{EntityKey, Entry, State};
 use crate::error::{Error, Result};
-use crate::pool::{self, Connector, Timeouts};
+use crate::pool::{self, Timeouts};
 use crate::rejection::Rejection;
 use crate::statements::Statements;
 
@@ -583,10 +583,7 @@ impl Shard {
             connect: config.connect_timeout,
             query: config.connect_timeout,
         };
-        #[cfg(feature = "native-tls")]
-        let tls = Connector::new(config.tls.as_ref())?;
-        #[cfg(not(feature = "native-tls"))]
-        let tls = Connector::Plain;
+        let tls = connector_of!(config)?;
         let pool = pool::build(config.config, config.pool_size, timeouts, &tls)
             .map_err(|e| Error::Config(format!("shard {name}: {e}")))?;
         Ok(Shard {

@@ -6,10 +6,9 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
 
 use crate::cluster::{free_port, server_user};
-use crate::{eventually, Cluster};
+use crate::Cluster;
 
 pub struct PgBouncer {
     child: Child,
@@ -65,17 +64,7 @@ impl PgBouncer {
             .spawn()
             .expect("start pgbouncer (scripts/setup.sh installs it)");
         let bouncer = PgBouncer { child, dir, port };
-        eventually(
-            "pgbouncer to accept connections",
-            Duration::from_secs(10),
-            || async {
-                tokio::net::TcpStream::connect(("127.0.0.1", port))
-                    .await
-                    .ok()
-                    .map(|_| ())
-            },
-        )
-        .await;
+        crate::wait::accepting("pgbouncer", port).await;
         bouncer
     }
 

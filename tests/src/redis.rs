@@ -1,10 +1,8 @@
 //! A throwaway redis-server on a free loopback port, killed on drop.
 
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
 use crate::cluster::free_port;
-use crate::eventually;
 
 pub struct RedisServer {
     child: Option<Child>,
@@ -28,17 +26,7 @@ impl RedisServer {
             .stdout(Stdio::null())
             .spawn()
             .expect("start redis-server (scripts/setup.sh installs it)");
-        eventually(
-            "redis-server to accept connections",
-            Duration::from_secs(10),
-            || async {
-                tokio::net::TcpStream::connect(("127.0.0.1", port))
-                    .await
-                    .ok()
-                    .map(|_| ())
-            },
-        )
-        .await;
+        crate::wait::accepting("redis-server", port).await;
         RedisServer {
             child: Some(child),
             port,

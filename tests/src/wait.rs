@@ -20,3 +20,18 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Waits (with a deadline) until something accepts TCP connections on `port` of the loopback.
+pub async fn accepting(what: &str, port: u16) {
+    eventually(
+        &format!("{what} to accept connections"),
+        Duration::from_secs(10),
+        || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .ok()
+                .map(|_| ())
+        },
+    )
+    .await;
+}
