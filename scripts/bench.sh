@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Benchmarks, each side by side in one run: `check` (the shard-side check under pgbench: no check
 # vs the guide's PL/pgSQL vs native), `move` (a 100k-row tenant moved by logical vs copy, and the
-# copy against a plain COPY). No argument runs both.
-# BENCH_SECONDS, BENCH_ROUNDS, BENCH_CLIENTS tune `check`; BENCH_MOVES tunes `move`.
+# copy against a plain COPY), `directory` (one entry's UPDATE: plain table vs the guide's PL/pgSQL
+# trigger vs the extension, at 1 and 2 clients). No argument runs all three.
+# BENCH_SECONDS, BENCH_ROUNDS tune `check` and `directory`, BENCH_CLIENTS `check`; BENCH_MOVES tunes `move`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/install-extension.sh --release
-for bench in "${@:-check move}"; do
+for bench in "${@:-check move directory}"; do
   for b in $bench; do
     cargo run -q --release -p shard-directory-e2e --bin "bench_$b"
   done

@@ -22,6 +22,7 @@ mod directory;
 mod entity;
 mod error;
 mod guc;
+mod plans;
 mod privilege;
 mod shard;
 mod xact;

@@ -8,7 +8,9 @@ use super::transition::Transition;
 use super::writer::{self, Writer};
 use crate::catalog;
 use crate::error::{required, spi};
+use crate::plans::Plan;
 use crate::privilege;
+use pgrx::pg_sys::PgBuiltInOids;
 
 fn history_table() -> pg_sys::Oid {
     catalog::relation(c"shard_directory_history")
@@ -39,32 +41,59 @@ pub fn record(
     privilege::as_owner_of(history_table(), || {
         spi(
             "record history",
-            Spi::run_with_args(
-                "INSERT INTO shard_directory.shard_directory_history \
-                 (op, transition, entity_type, entity_id, old_shard, new_shard, old_state, new_state, \
-                  old_target, new_target, old_region, new_region, version, version_at, changed_by) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
-                &[
-                    op.into(),
-                    transition.as_str().into(),
-                    key.entity_type.as_str().into(),
-                    key.entity_id.as_str().into(),
-                    shard(old).into(),
-                    shard(new).into(),
-                    state(old).into(),
-                    state(new).into(),
-                    target(old).into(),
-                    target(new).into(),
-                    region(old).into(),
-                    region(new).into(),
-                    bump.version.into(),
-                    bump.at.into(),
-                    changed_by.into(),
-                ],
-            ),
+            Spi::connect_mut(|c| {
+                let plan = RECORD.kept(c)?;
+                c.update(
+                    &*plan,
+                    None,
+                    &[
+                        op.into(),
+                        transition.as_str().into(),
+                        key.entity_type.as_str().into(),
+                        key.entity_id.as_str().into(),
+                        shard(old).into(),
+                        shard(new).into(),
+                        state(old).into(),
+                        state(new).into(),
+                        target(old).into(),
+                        target(new).into(),
+                        region(old).into(),
+                        region(new).into(),
+                        bump.version.into(),
+                        bump.at.into(),
+                        changed_by.into(),
+                    ],
+                )
+                .map(|_| ())
+            }),
         )
     });
 }
+
+static RECORD: Plan = Plan {
+    sql: "INSERT INTO shard_directory.shard_directory_history \
+          (op, transition, entity_type, entity_id, old_shard, new_shard, old_state, new_state, \
+           old_target, new_target, old_region, new_region, version, version_at, changed_by) \
+          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
+    args: &[
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::TEXTOID,
+        PgBuiltInOids::INT8OID,
+        PgBuiltInOids::TIMESTAMPTZOID,
+        PgBuiltInOids::TEXTOID,
+    ],
+    mutating: true,
+};
 
 /// The shard that held the entity at `at`, from history; NULL if it did not exist then. History
 /// is ordered by version, which follows commit order; `version_at` is when each version was

@@ -5,7 +5,15 @@ use pgrx::WhoAllocated;
 
 use super::transition::{EntityKey, Placement, State};
 use crate::error::{required, spi, SdError};
+use crate::plans::Plan;
 use crate::{catalog, privilege};
+use pgrx::pg_sys::PgBuiltInOids;
+
+static SHARD_REGION: Plan = Plan {
+    sql: "SELECT region FROM shard_directory.shards WHERE shard_name = $1",
+    args: &[PgBuiltInOids::TEXTOID],
+    mutating: false,
+};
 
 pub struct Entry {
     pub key: EntityKey,
@@ -56,11 +64,8 @@ impl Entry {
             let found: Option<Option<String>> = spi(
                 "look up shard",
                 Spi::connect(|c| {
-                    let table = c.select(
-                        "SELECT region FROM shard_directory.shards WHERE shard_name = $1",
-                        Some(1),
-                        &[shard.as_str().into()],
-                    )?;
+                    let table =
+                        c.select(&*SHARD_REGION.kept(c)?, Some(1), &[shard.as_str().into()])?;
                     if table.is_empty() {
                         Ok::<_, pgrx::spi::SpiError>(None)
                     } else {

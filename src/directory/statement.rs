@@ -14,6 +14,7 @@ use pgrx::prelude::*;
 
 use super::writer::{self, Writer};
 use crate::error::{spi, SdError};
+use crate::plans::Plan;
 use crate::privilege;
 
 /// The version a statement bumped to, and when: the time is taken while the version row is
@@ -130,18 +131,21 @@ fn version_table() -> pg_sys::Oid {
     crate::catalog::relation(c"shard_directory_version")
 }
 
+static BUMP: Plan = Plan {
+    sql: "UPDATE shard_directory.shard_directory_version \
+          SET version = version + 1, updated_at = greatest(clock_timestamp(), updated_at) \
+          RETURNING version, updated_at",
+    args: &[],
+    mutating: true,
+};
+
 fn bump() -> Bump {
     privilege::as_owner_of(version_table(), || {
         let row = spi(
             "bump shard_directory_version",
             Spi::connect_mut(|c| {
-                let t = c.update(
-                    "UPDATE shard_directory.shard_directory_version \
-                     SET version = version + 1, updated_at = greatest(clock_timestamp(), updated_at) \
-                     RETURNING version, updated_at",
-                    None,
-                    &[],
-                )?;
+                let plan = BUMP.kept(c)?;
+                let t = c.update(&*plan, None, &[])?;
                 if t.is_empty() {
                     return Ok(None);
                 }
@@ -196,15 +200,22 @@ pub fn raise_to(version: i64, at: Option<TimestampWithTimeZone>) {
     });
 }
 
-/// `pg_notify` has no C entry point in pgrx: go through SQL. Delivered at commit only.
+unsafe extern "C-unwind" {
+    /// PostgreSQL's own `NOTIFY` (what `pg_notify()` calls); pgrx has no binding for it.
+    fn Async_Notify(channel: *const std::ffi::c_char, payload: *const std::ffi::c_char);
+}
+
+/// Queues the notification, delivered at commit only. Called directly, not through SQL, which
+/// would cost an executor run per changing statement.
 pub fn notify(version: i64) {
-    spi(
-        "notify shard_directory",
-        Spi::run_with_args(
-            "SELECT pg_catalog.pg_notify('shard_directory', $1)",
-            &[version.to_string().into()],
-        ),
-    );
+    let payload = std::ffi::CString::new(version.to_string()).expect("digits have no NUL");
+    // SAFETY: both strings live across the call; an ERROR (none is expected for this channel
+    // and payload) is turned into a Rust panic by the guard.
+    unsafe {
+        pg_sys::ffi::pg_guard_ffi_boundary(|| {
+            Async_Notify(c"shard_directory".as_ptr(), payload.as_ptr())
+        })
+    }
 }
 
 /// Called by `crate::xact` when the transaction ends: no frame outlives its transaction.

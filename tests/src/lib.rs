@@ -3,6 +3,7 @@
 //! (also when a test panics).
 
 mod cluster;
+pub mod pgbench;
 pub mod pgbouncer;
 pub mod redis;
 pub mod topology;

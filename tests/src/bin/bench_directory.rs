@@ -1,0 +1,34 @@
+//! The directory's write path: one entry's region changed per transaction, under pgbench, on a
+//! plain table (no trigger), the guide's PL/pgSQL statement trigger (bump and notify) and the
+//! extension (guard, stamp, history, bump, notify), side by side in one database, at 1 and 2
+//! clients, in interleaved rounds, median TPS of each and its ratio to the plain table.
+//!
+//! Run with `bash scripts/bench.sh directory` (installs a release build first).
+
+use shard_directory_e2e::{pgbench, Cluster};
+
+#[tokio::main]
+async fn main() {
+    let seconds = std::env::var("BENCH_SECONDS").unwrap_or_else(|_| "10".into());
+    let rounds: usize = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let cluster = Cluster::start("bench-directory", &[]);
+    cluster.create_database_with_extension("bench").await;
+    let setup = std::fs::read_to_string(pgbench::script("directory_setup.sql")).unwrap();
+    let c = cluster.connect("bench").await;
+    c.batch_execute(&setup).await.unwrap();
+    c.batch_execute("VACUUM ANALYZE").await.unwrap();
+    let variants: Vec<_> = ["plain", "guide", "extension"]
+        .iter()
+        .map(|v| (*v, pgbench::script(&format!("directory_update_{v}.sql"))))
+        .collect();
+    println!("directory UPDATE of one entry, pgbench -M prepared -T {seconds}, {rounds} interleaved rounds, median TPS");
+    for clients in ["1", "2"] {
+        let title = format!("{clients} client{}", if clients == "1" { "" } else { "s" });
+        pgbench::compare(
+            &cluster, "bench", &title, &variants, clients, &seconds, rounds,
+        );
+    }
+}

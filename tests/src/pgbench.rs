@@ -1,0 +1,90 @@
+//! pgbench runs for the side-by-side benchmarks: a run, its TPS, the median of rounds.
+
+use std::path::{Path, PathBuf};
+
+use crate::Cluster;
+
+/// `benches/pgbench/<name>`.
+pub fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../benches/pgbench")
+        .join(name)
+}
+
+/// Runs pgbench with `args` on database `db` of `cluster`; returns its report.
+pub fn run(cluster: &Cluster, db: &str, args: &[&str]) -> String {
+    let out = cluster
+        .client_command("pgbench")
+        .args(args)
+        .arg(db)
+        .output()
+        .expect("run pgbench");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "pgbench failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// The TPS of a pgbench report.
+pub fn tps(report: &str) -> f64 {
+    report
+        .lines()
+        .find_map(|l| l.strip_prefix("tps = "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("tps in pgbench output")
+}
+
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Runs each script in `variants` for `rounds` interleaved rounds (`-M prepared`, `clients`
+/// clients, `seconds` each) and prints the median TPS of each against the first.
+pub fn compare(
+    cluster: &Cluster,
+    db: &str,
+    title: &str,
+    variants: &[(&str, PathBuf)],
+    clients: &str,
+    seconds: &str,
+    rounds: usize,
+) {
+    let mut results: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+    for _ in 0..rounds {
+        for (i, (_, script)) in variants.iter().enumerate() {
+            let report = run(
+                cluster,
+                db,
+                &[
+                    "-n",
+                    "-M",
+                    "prepared",
+                    "-c",
+                    clients,
+                    "-j",
+                    clients,
+                    "-T",
+                    seconds,
+                    "-f",
+                    script.to_str().expect("a UTF-8 path"),
+                ],
+            );
+            results[i].push(tps(&report));
+        }
+    }
+    let base = median(results[0].clone());
+    for ((variant, _), r) in variants.iter().zip(results) {
+        let m = median(r.clone());
+        println!(
+            "{title:>10} {variant:<16} {m:>9.0} tps  {:>5.2}x of {}   rounds: {:?}",
+            m / base,
+            variants[0].0,
+            r.iter().map(|v| v.round() as i64).collect::<Vec<_>>()
+        );
+    }
+}
