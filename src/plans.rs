@@ -2,10 +2,10 @@
 //! runs the same few statements for every changed row; parsing and planning them each time was
 //! most of its cost (a `perf` profile of `bash scripts/bench.sh directory`).
 //!
-//! Every statement names its objects with their schema, and those with operators to resolve are
-//! first prepared inside `privilege::as_owner_of`, so they resolve once, with
-//! `search_path = pg_catalog, pg_temp`; PostgreSQL's plan cache keeps that path and re-plans with
-//! it after any DDL on the tables a plan uses.
+//! Every statement names its objects with their schema, and is prepared and executed inside
+//! `privilege::as_owner_of`, which pins `search_path = pg_catalog, pg_temp`: at every execution,
+//! not only the first, because PostgreSQL's plan cache re-analyzes a kept plan whenever the
+//! current `search_path` differs from the one it was prepared with (and after DDL on its tables).
 
 use std::cell::RefCell;
 use std::collections::HashMap;

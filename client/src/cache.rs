@@ -49,7 +49,11 @@ impl Cache {
         self.version.load(SeqCst)
     }
 
-    pub fn get(&self, key: &EntityKey) -> Lookup {
+    /// What the cache holds for `key` (an [`EntityKey`] or a borrowed [`crate::entry::KeyRef`]).
+    pub fn get<Q>(&self, key: &Q) -> Lookup
+    where
+        Q: papaya::Equivalent<EntityKey> + std::hash::Hash + ?Sized,
+    {
         let epoch = self.epoch.load(SeqCst);
         match self.map.pin().get(key).map(|c| &**c) {
             Some(c) if c.epoch == epoch => Lookup::Current(c.entry.clone()),
@@ -123,7 +127,7 @@ impl Cache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::entry::State;
+    use crate::entry::{KeyRef, State};
 
     fn fill(cache: &Cache, entry: Arc<Entry>) -> bool {
         let at = entry.directory_version;
@@ -212,5 +216,52 @@ mod tests {
             cache.fill(&key(i), None, 2);
             assert!(cache.len() <= 10);
         }
+    }
+
+    /// Counts this thread's allocations, to show a hit by borrowed key makes none.
+    struct Counting;
+
+    thread_local! {
+        static ALLOCATIONS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+
+    unsafe impl std::alloc::GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+            let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+            unsafe { std::alloc::System.alloc(layout) }
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+            unsafe { std::alloc::System.dealloc(ptr, layout) }
+        }
+    }
+
+    #[global_allocator]
+    static ALLOCATOR: Counting = Counting;
+
+    #[test]
+    fn a_hit_by_borrowed_key_finds_the_entry_and_allocates_nothing() {
+        let cache = Cache::new(1, 100);
+        assert!(fill(&cache, entry("shard_1", 1)));
+        let borrowed = KeyRef {
+            entity_type: "tenant",
+            entity_id: "1",
+        };
+        let before = ALLOCATIONS.with(|n| n.get());
+        let found =
+            matches!(cache.get(&borrowed), Lookup::Current(Some(e)) if e.shard_name == "shard_1");
+        let after = ALLOCATIONS.with(|n| n.get());
+        assert!(found, "a borrowed key finds what an owned one filled");
+        assert_eq!(after - before, 0, "allocations on a hit");
+        let owned = borrowed.to_owned();
+        assert!(
+            ALLOCATIONS.with(|n| n.get()) > after,
+            "the counter sees the key {owned} being made"
+        );
+        let other = KeyRef {
+            entity_type: "tenant",
+            entity_id: "2",
+        };
+        assert!(matches!(cache.get(&other), Lookup::Absent));
     }
 }

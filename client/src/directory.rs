@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime};
 
 use crate::cache::{Cache, Lookup};
-use crate::entry::{EntityKey, Entry, State};
+use crate::entry::{EntityKey, Entry, KeyRef, State};
 use crate::error::{Error, Result};
 use crate::metrics::{Counters, Stats};
 use crate::policy::Policy;
@@ -251,16 +251,24 @@ impl Directory {
     }
 
     /// The entry for `(entity_type, entity_id)`.
+    /// A hit allocates nothing: the key is only made on a miss.
     pub async fn lookup(&self, entity_type: &str, entity_id: &str) -> Result<Arc<Entry>> {
-        self.lookup_key(&EntityKey::new(entity_type, entity_id))
-            .await
+        let borrowed = KeyRef {
+            entity_type,
+            entity_id,
+        };
+        if let Some(answer) = self.current(&borrowed, KeyRef::to_owned) {
+            self.inner.counters.hit();
+            return answer;
+        }
+        self.lookup_key(&borrowed.to_owned()).await
     }
 
     /// The entry for `key`: from the cache when current, else from the store. While the watcher
     /// is reconnecting, cached entries may have missed an invalidation: lookups go to the store.
     /// Only when the store cannot be reached does the [`Policy`] decide.
     pub async fn lookup_key(&self, key: &EntityKey) -> Result<Arc<Entry>> {
-        if let Some(answer) = self.current(key) {
+        if let Some(answer) = self.current(key, EntityKey::clone) {
             self.inner.counters.hit();
             return answer;
         }
@@ -268,7 +276,7 @@ impl Directory {
         let gate = self.gate(key);
         let _turn = gate.lock().await;
         // The miss this one waited for may have filled it.
-        if let Some(answer) = self.current(key) {
+        if let Some(answer) = self.current(key, EntityKey::clone) {
             return answer;
         }
         let cached = match self.inner.cache.get(key) {
@@ -283,13 +291,17 @@ impl Directory {
     }
 
     /// The cached answer for `key`, when it is current and the watcher is there to say so.
-    fn current(&self, key: &EntityKey) -> Option<Result<Arc<Entry>>> {
+    /// (`owned` makes the key an error names.)
+    fn current<Q>(&self, key: &Q, owned: impl FnOnce(&Q) -> EntityKey) -> Option<Result<Arc<Entry>>>
+    where
+        Q: papaya::Equivalent<EntityKey> + std::hash::Hash,
+    {
         if !self.inner.watch.connected() {
             return None;
         }
         match self.inner.cache.get(key) {
             Lookup::Current(Some(e)) => Some(Ok(e)),
-            Lookup::Current(None) => Some(Err(Error::UnknownEntity(key.clone()))),
+            Lookup::Current(None) => Some(Err(Error::UnknownEntity(owned(key)))),
             Lookup::Stale(_) | Lookup::Absent => None,
         }
     }

@@ -26,6 +26,26 @@ impl EntityKey {
     }
 }
 
+/// An [`EntityKey`] borrowed from two `&str`: a cache hit looks up with it and allocates
+/// nothing. Hashes as an `EntityKey` does (`String` hashes as its `str`, fields in order).
+#[derive(Hash)]
+pub(crate) struct KeyRef<'a> {
+    pub entity_type: &'a str,
+    pub entity_id: &'a str,
+}
+
+impl papaya::Equivalent<EntityKey> for KeyRef<'_> {
+    fn equivalent(&self, key: &EntityKey) -> bool {
+        self.entity_type == key.entity_type && self.entity_id == key.entity_id
+    }
+}
+
+impl KeyRef<'_> {
+    pub fn to_owned(&self) -> EntityKey {
+        EntityKey::new(self.entity_type, self.entity_id)
+    }
+}
+
 impl fmt::Display for EntityKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.entity_type, self.entity_id)
