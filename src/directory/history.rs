@@ -70,27 +70,18 @@ pub fn record(
     });
 }
 
+const TEXT: PgBuiltInOids = PgBuiltInOids::TEXTOID;
+
+// Its 15 parameters: 12 texts, the version, its time, the writer (laid out by hand).
+#[rustfmt::skip]
 static RECORD: Plan = Plan {
     sql: "INSERT INTO shard_directory.shard_directory_history \
           (op, transition, entity_type, entity_id, old_shard, new_shard, old_state, new_state, \
            old_target, new_target, old_region, new_region, version, version_at, changed_by) \
           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
     args: &[
-        PgBuiltInOids::TEXTOID,
-        PgBuiltInOids::TEXTOID,
-        PgBuiltInOids::TEXTOID,
-        PgBuiltInOids::TEXTOID,
-        PgBuiltInOids::TEXTOID,
-        PgBuiltInOids::TEXTOID,
-        PgBuiltInOids::TEXTOID,
-        PgBuiltInOids::TEXTOID,
-        PgBuiltInOids::TEXTOID,
-        PgBuiltInOids::TEXTOID,
-        PgBuiltInOids::TEXTOID,
-        PgBuiltInOids::TEXTOID,
-        PgBuiltInOids::INT8OID,
-        PgBuiltInOids::TIMESTAMPTZOID,
-        PgBuiltInOids::TEXTOID,
+        TEXT, TEXT, TEXT, TEXT, TEXT, TEXT, TEXT, TEXT, TEXT, TEXT, TEXT, TEXT,
+        PgBuiltInOids::INT8OID, PgBuiltInOids::TIMESTAMPTZOID, TEXT,
     ],
     mutating: true,
 };

@@ -4,6 +4,17 @@ use std::path::{Path, PathBuf};
 
 use crate::Cluster;
 
+/// How long each run lasts (`BENCH_SECONDS`, 10 s) and how many interleaved rounds
+/// (`BENCH_ROUNDS`, 3).
+pub fn settings() -> (String, usize) {
+    let seconds = std::env::var("BENCH_SECONDS").unwrap_or_else(|_| "10".into());
+    let rounds = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    (seconds, rounds)
+}
+
 /// `benches/pgbench/<name>`.
 pub fn script(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -60,11 +60,7 @@ async fn per_call(c: &tokio_postgres::Client) {
 
 #[tokio::main]
 async fn main() {
-    let seconds = std::env::var("BENCH_SECONDS").unwrap_or_else(|_| "10".into());
-    let rounds: usize = std::env::var("BENCH_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
+    let (seconds, rounds) = pgbench::settings();
     let clients = std::env::var("BENCH_CLIENTS").unwrap_or_else(|_| "4".into());
 
     let cluster = Cluster::start("bench", &[("shared_preload_libraries", "shard_directory")]);

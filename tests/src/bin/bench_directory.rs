@@ -9,11 +9,7 @@ use shard_directory_e2e::{pgbench, Cluster};
 
 #[tokio::main]
 async fn main() {
-    let seconds = std::env::var("BENCH_SECONDS").unwrap_or_else(|_| "10".into());
-    let rounds: usize = std::env::var("BENCH_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
+    let (seconds, rounds) = pgbench::settings();
     let cluster = Cluster::start("bench-directory", &[]);
     cluster.create_database_with_extension("bench").await;
     let setup = std::fs::read_to_string(pgbench::script("directory_setup.sql")).unwrap();
