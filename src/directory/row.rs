@@ -4,16 +4,8 @@ use pgrx::prelude::*;
 use pgrx::WhoAllocated;
 
 use super::transition::{EntityKey, Placement, State};
+use crate::catalog;
 use crate::error::{required, spi, SdError};
-use crate::plans::Plan;
-use crate::{catalog, privilege};
-use pgrx::pg_sys::PgBuiltInOids;
-
-static SHARD_REGION: Plan = Plan {
-    sql: "SELECT region FROM shard_directory.shards WHERE shard_name = $1",
-    args: &[PgBuiltInOids::TEXTOID],
-    mutating: false,
-};
 
 pub struct Entry {
     pub key: EntityKey,
@@ -48,31 +40,14 @@ impl Entry {
     }
 
     /// Every shard the entry names must be registered, and in the entry's region when both have
-    /// one. Read as the owner of `shards`: a writer needs no privilege on it.
+    /// one.
     pub fn check_shards(&self) -> Result<(), SdError> {
-        privilege::as_owner_of(catalog::relation(c"shards"), || {
-            self.check_shards_as_owner()
-        })
-    }
-
-    fn check_shards_as_owner(&self) -> Result<(), SdError> {
         let named = [
             Some(&self.placement.shard_name),
             self.placement.target_shard.as_ref(),
         ];
         for shard in named.into_iter().flatten() {
-            let found: Option<Option<String>> = spi(
-                "look up shard",
-                Spi::connect(|c| {
-                    let table =
-                        c.select(&*SHARD_REGION.kept(c)?, Some(1), &[shard.as_str().into()])?;
-                    if table.is_empty() {
-                        Ok::<_, pgrx::spi::SpiError>(None)
-                    } else {
-                        Ok(Some(table.first().get_one::<String>()?))
-                    }
-                }),
-            );
+            let found = shard_region(shard);
             match found {
                 None => {
                     return Err(SdError::UnknownShard {
@@ -95,5 +70,58 @@ impl Entry {
             }
         }
         Ok(())
+    }
+}
+
+/// The region of the registered shard `shard` (`None`: not registered; `Some(None)`: it has no
+/// region). Read straight through the registry's primary key, not through SQL: it is on every
+/// change's path, and with no statement there is no name or operator to resolve, so it needs
+/// neither the owner's rights nor a pinned `search_path`. It sees what the statement sees (its
+/// snapshot).
+fn shard_region(shard: &str) -> Option<Option<String>> {
+    let relid = catalog::relation(c"shards");
+    let key_datum = shard.into_datum().expect("text is never NULL");
+    // SAFETY: the relation is opened and closed here under AccessShareLock; the scan key, the
+    // snapshot (the statement's, active while a trigger runs) and the tuple live across their use.
+    unsafe {
+        let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+        let rel = pg_sys::table_open(relid, lock);
+        let name_column = pg_sys::get_attnum(relid, c"shard_name".as_ptr());
+        let region_column = pg_sys::get_attnum(relid, c"region".as_ptr());
+        let mut key = std::mem::MaybeUninit::<pg_sys::ScanKeyData>::zeroed().assume_init();
+        pg_sys::ScanKeyInit(
+            &mut key,
+            name_column,
+            pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+            pg_sys::Oid::from(pg_sys::F_TEXTEQ),
+            key_datum,
+        );
+        // Compare as the index orders: in the column's collation, not ScanKeyInit's C.
+        let (mut type_oid, mut typmod) = (pg_sys::InvalidOid, 0);
+        pg_sys::get_atttypetypmodcoll(
+            relid,
+            name_column,
+            &mut type_oid,
+            &mut typmod,
+            &mut key.sk_collation,
+        );
+        let scan = pg_sys::systable_beginscan(
+            rel,
+            pg_sys::RelationGetPrimaryKeyIndex(rel),
+            true,
+            pg_sys::GetActiveSnapshot(),
+            1,
+            &mut key,
+        );
+        let tuple = pg_sys::systable_getnext(scan);
+        let found = (!tuple.is_null()).then(|| {
+            let mut is_null = false;
+            let datum =
+                pg_sys::heap_getattr(tuple, region_column.into(), (*rel).rd_att, &mut is_null);
+            String::from_datum(datum, is_null)
+        });
+        pg_sys::systable_endscan(scan);
+        pg_sys::table_close(rel, lock);
+        found
     }
 }
