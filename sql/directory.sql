@@ -65,6 +65,45 @@ CREATE TABLE shard_directory_history (
 CREATE INDEX shard_directory_history_entity_version_idx
     ON shard_directory_history (entity_type, entity_id, version);
 
+-- Routers ask "what changed since version N" (changes_since) through this index.
+CREATE INDEX shard_directory_history_version_idx ON shard_directory_history (version);
+
+-- What changed after version `since`, read in one snapshot with the version: the key of every
+-- entry inserted, updated or deleted since, with the latest version that changed it. A router
+-- keeps every other cached entry: one read after `since` with no change in history up to
+-- `version` is still the entry at `version` (versions commit in order, and each change writes
+-- its history row in its own transaction). complete is false when history may no longer cover
+-- `since` (purge_history removes the oldest versions first) or more than max_changes rows
+-- changed: the caller then forgets everything it cached.
+CREATE FUNCTION changes_since(
+    since bigint, max_changes integer DEFAULT 10000,
+    OUT version bigint, OUT age float8, OUT complete boolean,
+    OUT entity_types text[], OUT entity_ids text[], OUT versions bigint[])
+STABLE STRICT SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+LANGUAGE sql
+AS $$
+    SELECT v.version,
+           extract(epoch FROM now() - v.updated_at)::float8,
+           c.complete,
+           k.entity_types, k.entity_ids, k.versions
+    FROM shard_directory.shard_directory_version v
+    CROSS JOIN LATERAL (
+        SELECT since >= v.version
+            OR ((SELECT count(*) FROM (
+                    SELECT FROM shard_directory.shard_directory_history h
+                    WHERE h.version > since LIMIT max_changes + 1) n) <= max_changes
+                AND EXISTS (SELECT FROM shard_directory.shard_directory_history h
+                            WHERE h.version <= since + 1)) AS complete) c
+    CROSS JOIN LATERAL (
+        SELECT array_agg(x.entity_type) AS entity_types, array_agg(x.entity_id) AS entity_ids,
+               array_agg(x.version) AS versions
+        FROM (SELECT h.entity_type, h.entity_id, max(h.version) AS version
+              FROM shard_directory.shard_directory_history h
+              WHERE c.complete AND h.version > since
+              GROUP BY h.entity_type, h.entity_id) x) k
+$$;
+
 -- One row per move made by the mover (crate shard-directory-mover): where it stands, what it
 -- saw, and what an abort must restore. The publication, slot and subscription of a logical move
 -- are all named replication_name, derived from move_id so it is recorded before they exist.

@@ -23,5 +23,6 @@ REVOKE EXECUTE ON FUNCTION
     protect(regclass, text, text),
     unprotect(regclass),
     purge_history(timestamptz),
-    bypass_fence(text, text)
+    bypass_fence(text, text),
+    changes_since(bigint, integer)
 FROM PUBLIC;

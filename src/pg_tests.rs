@@ -323,6 +323,50 @@ mod tests {
         assert_eq!(transitions, "insert:->shard_1 begin_move:shard_1>shard_1 freeze:shard_1>shard_1 cutover:shard_1>shard_2");
     }
 
+    /// What `changes_since(since)` says, as `complete|type:id@version ...` (keys sorted).
+    fn changes(since: i64, max_changes: i32) -> String {
+        one(&format!(
+            "SELECT c.complete || '|' || coalesce((SELECT string_agg(t || ':' || i || '@' || v, ' ' ORDER BY i) \
+               FROM unnest(c.entity_types, c.entity_ids, c.versions) AS k(t, i, v)), '') \
+             FROM shard_directory.changes_since({since}, {max_changes}) c"
+        ))
+    }
+
+    /// Issue 10, item 3: what routers read to retire only the entries that changed.
+    #[pg_test]
+    fn changes_since_lists_each_changed_key_once_and_says_when_history_cannot_tell() {
+        setup();
+        let v0 = version();
+        let v1: i64 = one("SELECT shard_directory.begin_move('tenant', '1', 'shard_2')");
+        Spi::run(
+            "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) \
+             VALUES ('tenant', '4', 'shard_4')",
+        )
+        .unwrap();
+        let v3: i64 = one("SELECT shard_directory.freeze('tenant', '1')");
+        assert_eq!(
+            changes(v0, 10_000),
+            format!("true|tenant:1@{v3} tenant:4@{}", v1 + 1)
+        );
+        assert_eq!(
+            changes(v1, 10_000),
+            format!("true|tenant:1@{v3} tenant:4@{}", v1 + 1)
+        );
+        assert_eq!(changes(v3, 10_000), "true|", "nothing after the latest");
+        assert_eq!(changes(v0, 2), "false|", "three changes are more than two");
+        // The setup's versions and the three above are purged: from v0 the gap is no longer
+        // covered; from v3 on, it is.
+        let purged: i64 = one("SELECT shard_directory.purge_history(clock_timestamp())");
+        assert!(purged >= 6, "purged {purged}");
+        let v4: i64 = one("SELECT shard_directory.complete_move('tenant', '1')");
+        assert_eq!(changes(v0, 10_000), "false|");
+        assert_eq!(changes(v3, 10_000), format!("true|tenant:1@{v4}"));
+        let version_only: i64 = one(&format!(
+            "SELECT version FROM shard_directory.changes_since({v0})"
+        ));
+        assert_eq!(version_only, v4);
+    }
+
     #[pg_test]
     fn both_aborts_return_the_entry_to_its_source() {
         setup();

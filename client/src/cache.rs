@@ -1,36 +1,88 @@
-//! The in-process cache: entries tagged with the invalidation epoch they were filled in.
+//! The in-process cache: entries tagged with the version they were read at and the flush epoch
+//! they were filled in.
 //!
-//! An invalidation raises the known version and bumps the epoch; entries of an older epoch are
-//! never served as current (they stay around only for the outage policy). A fill records the epoch
-//! *before* it compares its version with the known one, so a fill that races an invalidation is
-//! either refused or tagged with the old epoch: it is never served as current. The hit path is a
-//! lock-free map read (papaya) and two atomic loads. "The directory has no entry for this key" is
-//! cached the same way, so a client asked about unknown entities does not query for each. The
-//! cache holds at most `max_entries`: past it, entries of older epochs go first, then any.
+//! **The invariant**: an entry read at version `r` and not marked is the directory's entry at every
+//! version `v >= r` up to the known version, because every change to its key after `r` up to the
+//! known version has marked it. So a hit may be stamped with the known version. It holds because
+//! [`Cache::advance`] marks every key the directory says changed in `(from, to]` (a tombstone
+//! where nothing is cached) *before* it raises the known version to `to`, and a fill stores an entry
+//! only when, atomically with the store, the key holds no tombstone newer than its read and its read
+//! is not older than the known version. A lookup loads the known version *before* it reads the
+//! entry, so the stamp it uses never runs ahead of the marks it saw.
+//!
+//! When the directory cannot say what changed (history purged, too many changes, an older
+//! extension), a full flush bumps the epoch: entries of an older epoch are never served as
+//! current; like marked entries they stay only for the outage policy. The hit path is a
+//! lock-free map read (papaya) and three atomic loads. "The directory has no entry for this key"
+//! is cached the same way. The cache holds at most `max_entries`: past it, entries no longer
+//! current go first, then any.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::SeqCst};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::entry::{EntityKey, Entry};
 
 struct Cached {
-    /// `None`: the directory had no entry for the key.
+    /// `None`: the directory had no entry for the key (or a tombstone: nothing was cached).
     entry: Option<Arc<Entry>>,
     epoch: u64,
+    /// The directory version the entry was read at.
+    read_at: i64,
+    /// The version of a change to the key after `read_at`: no longer current.
+    changed_at: Option<i64>,
+}
+
+/// The steps whose order the invariant rests on. Tests run code there (`interleave`); the
+/// concurrent test yields there to widen the windows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// In an advance: every change is marked, the known version is not raised yet.
+    Marked,
+    /// In a lookup: the known version is loaded, the entry is not read yet.
+    VersionLoaded,
+}
+
+/// Code a test runs when this thread reaches a step.
+#[cfg(test)]
+type StepHook = (Step, Box<dyn FnOnce()>);
+
+#[cfg(test)]
+thread_local! {
+    static AT_STEP: std::cell::RefCell<Option<StepHook>> = const { std::cell::RefCell::new(None) };
+}
+
+#[inline]
+fn interleave(step: Step) {
+    #[cfg(test)]
+    {
+        let hook = AT_STEP.with_borrow_mut(|h| h.take_if(|(at, _)| *at == step));
+        match hook {
+            Some((_, run)) => run(),
+            None => (0..3).for_each(|_| std::thread::yield_now()),
+        }
+    }
+    #[cfg(not(test))]
+    let _ = step;
 }
 
 pub(crate) struct Cache {
     map: papaya::HashMap<EntityKey, Arc<Cached>>,
     version: AtomicI64,
     epoch: AtomicU64,
+    /// Serialises the writers of the known version (advances, flushes, adoptions).
+    advancing: Mutex<()>,
     max_entries: usize,
 }
 
 /// What the cache holds for a key.
 pub(crate) enum Lookup {
-    /// Filled since the latest invalidation; `None` when the directory has no entry for the key.
-    Current(Option<Arc<Entry>>),
-    /// Filled before the latest invalidation: only for serving during an outage.
+    /// Current as of `stamp` (the known version, or the entry's read if newer): `None` when the
+    /// directory has no entry for the key.
+    Current {
+        entry: Option<Arc<Entry>>,
+        stamp: i64,
+    },
+    /// Changed, or filled before a flush: only for serving during an outage.
     Stale(Arc<Entry>),
     Absent,
 }
@@ -41,6 +93,7 @@ impl Cache {
             map: papaya::HashMap::new(),
             version: AtomicI64::new(version),
             epoch: AtomicU64::new(0),
+            advancing: Mutex::new(()),
             max_entries: max_entries.max(1),
         }
     }
@@ -54,9 +107,15 @@ impl Cache {
     where
         Q: papaya::Equivalent<EntityKey> + std::hash::Hash + ?Sized,
     {
+        // Before the entry: a mark made before the version was raised is then visible.
+        let known = self.version.load(SeqCst);
         let epoch = self.epoch.load(SeqCst);
+        interleave(Step::VersionLoaded);
         match self.map.pin().get(key).map(|c| &**c) {
-            Some(c) if c.epoch == epoch => Lookup::Current(c.entry.clone()),
+            Some(c) if c.epoch == epoch && c.changed_at.is_none() => Lookup::Current {
+                entry: c.entry.clone(),
+                stamp: known.max(c.read_at),
+            },
             Some(Cached {
                 entry: Some(entry), ..
             }) => Lookup::Stale(entry.clone()),
@@ -64,15 +123,77 @@ impl Cache {
         }
     }
 
-    /// Learns that the directory is at `version`; returns whether that was news.
-    pub fn invalidate(&self, version: i64) -> bool {
-        let previous = self.version.fetch_max(version, SeqCst);
-        if previous < version {
-            self.epoch.fetch_add(1, SeqCst);
-            true
-        } else {
-            false
+    fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.advancing.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Learns that the directory is at `version` without knowing what changed: every entry is
+    /// retired. Returns whether that was news.
+    pub fn flush(&self, version: i64) -> bool {
+        let _turn = self.lock();
+        self.flush_locked(version)
+    }
+
+    fn flush_locked(&self, version: i64) -> bool {
+        if self.version.load(SeqCst) >= version {
+            return false;
         }
+        self.epoch.fetch_add(1, SeqCst);
+        self.version.store(version, SeqCst);
+        true
+    }
+
+    /// Learns that the directory is at `to` and that the keys in `changed` (each with the latest
+    /// version that changed it) are all that changed after `from`. Marks those keys, then raises
+    /// the known version; every other entry stays current. When the known version is below
+    /// `from` (it went back meanwhile), the list does not cover the gap: flushes instead.
+    /// Returns whether `to` was news.
+    pub fn advance(&self, from: i64, to: i64, changed: &[(EntityKey, i64)]) -> bool {
+        let _turn = self.lock();
+        let known = self.version.load(SeqCst);
+        if known >= to {
+            return false;
+        }
+        if known < from {
+            return self.flush_locked(to);
+        }
+        let epoch = self.epoch.load(SeqCst);
+        let map = self.map.pin();
+        let mut tombstones = Vec::new();
+        for (key, at) in changed.iter().filter(|(_, at)| *at > known) {
+            let at = *at;
+            let marked = map.compute(key.clone(), |old| match old {
+                Some((_, c))
+                    if c.epoch == epoch && (c.read_at >= at || c.changed_at >= Some(at)) =>
+                {
+                    papaya::Operation::Abort(())
+                }
+                // Marked in the current epoch even if filled before a flush: a fill racing
+                // this advance must find the mark.
+                Some((_, c)) => papaya::Operation::Insert(Arc::new(Cached {
+                    entry: c.entry.clone(),
+                    epoch,
+                    read_at: c.read_at,
+                    changed_at: c.changed_at.max(Some(at)),
+                })),
+                None => papaya::Operation::Insert(Arc::new(Cached {
+                    entry: None,
+                    epoch,
+                    read_at: at - 1,
+                    changed_at: Some(at),
+                })),
+            });
+            if let papaya::Compute::Inserted(_, tomb) = marked {
+                tombstones.push((key, tomb.clone()));
+            }
+        }
+        interleave(Step::Marked);
+        self.version.store(to, SeqCst);
+        // A fill that read before a change now finds the known version past its read.
+        for (key, tomb) in tombstones {
+            let _ = map.remove_if(key, |_, c| Arc::ptr_eq(c, &tomb));
+        }
+        true
     }
 
     /// The directory stands at `version`, below the `known` version this cache learned from it
@@ -80,14 +201,12 @@ impl Cache {
     /// Adopts `version` and retires every entry. Returns false when the known version moved
     /// meanwhile (the caller reads again).
     pub fn adopt_lower(&self, known: i64, version: i64) -> bool {
-        if self
-            .version
-            .compare_exchange(known, version, SeqCst, SeqCst)
-            .is_err()
-        {
+        let _turn = self.lock();
+        if self.version.load(SeqCst) != known {
             return false;
         }
         self.epoch.fetch_add(1, SeqCst);
+        self.version.store(version, SeqCst);
         true
     }
 
@@ -95,22 +214,47 @@ impl Cache {
     /// nothing newer is known. Returns whether it was stored as current.
     pub fn fill(&self, key: &EntityKey, entry: Option<Arc<Entry>>, read_at: i64) -> bool {
         let epoch = self.epoch.load(SeqCst);
-        if read_at < self.version() {
+        let map = self.map.pin();
+        let fresh = Arc::new(Cached {
+            entry,
+            epoch,
+            read_at,
+            changed_at: None,
+        });
+        let stored = map.compute(key.clone(), |old| {
+            let newer_or_changed = old.is_some_and(|(_, c)| {
+                c.epoch == epoch
+                    && (c.changed_at.is_some_and(|at| at > read_at)
+                        || (c.changed_at.is_none() && c.read_at > read_at))
+            });
+            // Loaded after the tombstone check: an advance that removed its tombstone had
+            // raised the version first.
+            if newer_or_changed || read_at < self.version.load(SeqCst) {
+                papaya::Operation::Abort(())
+            } else {
+                papaya::Operation::Insert(fresh.clone())
+            }
+        });
+        if !matches!(
+            stored,
+            papaya::Compute::Inserted(..) | papaya::Compute::Updated { .. }
+        ) {
             return false;
         }
-        let map = self.map.pin();
-        map.insert(key.clone(), Arc::new(Cached { entry, epoch }));
         if map.len() > self.max_entries {
-            self.shrink(epoch);
+            self.shrink();
         }
         true
     }
 
-    /// Brings the cache back under its bound: entries of older epochs first, then any, down to
-    /// nine tenths of the bound so that a full cache does not shrink on every fill.
-    fn shrink(&self, epoch: u64) {
+    /// Brings the cache back under its bound: entries no longer current first, then any, down
+    /// to nine tenths of the bound so that a full cache does not shrink on every fill. Between
+    /// advances: no tombstone is in use then.
+    fn shrink(&self) {
+        let _turn = self.lock();
+        let epoch = self.epoch.load(SeqCst);
         let map = self.map.pin();
-        map.retain(|_, c| c.epoch == epoch);
+        map.retain(|_, c| c.epoch == epoch && c.changed_at.is_none());
         let target = self.max_entries - self.max_entries / 10;
         let excess = map.len().saturating_sub(target);
         let victims: Vec<EntityKey> = map.keys().take(excess).cloned().collect();
@@ -128,6 +272,7 @@ impl Cache {
 mod tests {
     use super::*;
     use crate::entry::{KeyRef, State};
+    use std::sync::atomic::AtomicBool;
 
     fn fill(cache: &Cache, entry: Arc<Entry>) -> bool {
         let at = entry.directory_version;
@@ -151,10 +296,10 @@ mod tests {
         let cache = Cache::new(1, 100);
         assert!(fill(&cache, entry("s1", 1)));
         assert!(
-            matches!(cache.get(&EntityKey::new("tenant", "1")), Lookup::Current(Some(e)) if e.shard_name == "s1")
+            matches!(cache.get(&EntityKey::new("tenant", "1")), Lookup::Current { entry: Some(e), .. } if e.shard_name == "s1")
         );
-        assert!(cache.invalidate(2));
-        assert!(!cache.invalidate(2), "the same version twice is no news");
+        assert!(cache.flush(2));
+        assert!(!cache.flush(2), "the same version twice is no news");
         assert!(matches!(
             cache.get(&EntityKey::new("tenant", "1")),
             Lookup::Stale(_)
@@ -164,7 +309,7 @@ mod tests {
     #[test]
     fn a_fill_read_before_the_known_version_is_refused() {
         let cache = Cache::new(1, 100);
-        cache.invalidate(3);
+        cache.flush(3);
         assert!(!fill(&cache, entry("s1", 2)));
         assert!(matches!(
             cache.get(&EntityKey::new("tenant", "1")),
@@ -176,7 +321,7 @@ mod tests {
     #[test]
     fn a_lower_version_is_adopted_only_from_the_version_it_was_compared_with() {
         let cache = Cache::new(1, 100);
-        cache.invalidate(9);
+        cache.flush(9);
         assert!(fill(&cache, entry("s1", 9)));
         assert!(!cache.adopt_lower(8, 4), "the known version is 9, not 8");
         assert!(cache.adopt_lower(9, 4));
@@ -193,8 +338,11 @@ mod tests {
         let cache = Cache::new(1, 100);
         let key = EntityKey::new("tenant", "nope");
         assert!(cache.fill(&key, None, 1));
-        assert!(matches!(cache.get(&key), Lookup::Current(None)));
-        cache.invalidate(2);
+        assert!(matches!(
+            cache.get(&key),
+            Lookup::Current { entry: None, .. }
+        ));
+        cache.flush(2);
         assert!(matches!(cache.get(&key), Lookup::Absent));
     }
 
@@ -205,17 +353,244 @@ mod tests {
         for i in 0..5 {
             assert!(cache.fill(&key(i), None, 1));
         }
-        cache.invalidate(2);
+        cache.flush(2);
         for i in 5..11 {
             assert!(cache.fill(&key(i), None, 2));
         }
         // Over the bound: the five entries of the older epoch went, the six current ones stayed.
         assert_eq!(cache.len(), 6);
-        assert!((5..11).all(|i| matches!(cache.get(&key(i)), Lookup::Current(None))));
+        assert!((5..11).all(|i| matches!(cache.get(&key(i)), Lookup::Current { entry: None, .. })));
         for i in 11..100 {
             cache.fill(&key(i), None, 2);
             assert!(cache.len() <= 10);
         }
+    }
+
+    fn key(i: usize) -> EntityKey {
+        EntityKey::new("tenant", i.to_string())
+    }
+
+    fn at(shard: &str, i: usize, read_at: i64) -> Arc<Entry> {
+        Arc::new(Entry {
+            key: key(i),
+            ..(*entry(shard, read_at)).clone()
+        })
+    }
+
+    #[test]
+    fn an_advance_retires_only_the_keys_that_changed_and_stamps_the_rest_with_the_new_version() {
+        let cache = Cache::new(1, 100);
+        for i in 0..3 {
+            assert!(cache.fill(&key(i), Some(at("s1", i, 1)), 1));
+        }
+        let unknown = key(9);
+        assert!(cache.fill(&unknown, None, 1));
+        // Version 2 changed tenant 1; version 3 inserted tenant 9.
+        assert!(cache.advance(1, 3, &[(key(1), 2), (unknown.clone(), 3)]));
+        assert_eq!(cache.version(), 3);
+        assert!(
+            matches!(cache.get(&key(0)), Lookup::Current { entry: Some(e), stamp: 3 } if e.directory_version == 1)
+        );
+        assert!(matches!(cache.get(&key(1)), Lookup::Stale(_)));
+        assert!(matches!(cache.get(&unknown), Lookup::Absent));
+        assert!(
+            !cache.advance(1, 3, &[]),
+            "the same version twice is no news"
+        );
+        // A read at 3 replaces the retired entry.
+        assert!(cache.fill(&key(1), Some(at("s2", 1, 3)), 3));
+        assert!(matches!(
+            cache.get(&key(1)),
+            Lookup::Current { stamp: 3, .. }
+        ));
+    }
+
+    #[test]
+    fn a_fill_read_before_a_change_the_cache_has_heard_of_is_refused() {
+        let cache = Cache::new(5, 100);
+        // The change at 7 is marked while the fill that read at 6 is on its way...
+        assert!(cache.fill(&key(1), Some(at("s1", 1, 5)), 5));
+        let _turn = cache.lock();
+        cache.map.pin().insert(
+            key(2),
+            Arc::new(Cached {
+                entry: None,
+                epoch: 0,
+                read_at: 6,
+                changed_at: Some(7),
+            }),
+        );
+        drop(_turn);
+        // ...a tombstone refuses it although the known version (5) is not past its read yet.
+        assert!(!cache.fill(&key(2), Some(at("s1", 2, 6)), 6));
+        assert!(cache.advance(5, 7, &[(key(1), 6)]));
+        assert!(
+            !cache.fill(&key(1), Some(at("s1", 1, 5)), 5),
+            "read before the known version"
+        );
+        assert!(cache.fill(&key(1), Some(at("s2", 1, 7)), 7));
+        assert!(
+            !cache.fill(&key(1), Some(at("s1", 1, 6)), 6),
+            "an older read does not replace a newer one"
+        );
+    }
+
+    #[test]
+    fn an_advance_from_a_version_the_cache_went_below_flushes() {
+        let cache = Cache::new(9, 100);
+        assert!(cache.fill(&key(0), Some(at("s1", 0, 9)), 9));
+        assert!(cache.adopt_lower(9, 4));
+        assert!(cache.fill(&key(1), Some(at("s1", 1, 4)), 4));
+        // The list covers (9, 10], not (4, 9]: everything goes.
+        assert!(cache.advance(9, 10, &[]));
+        assert!(matches!(cache.get(&key(1)), Lookup::Stale(_)));
+    }
+
+    /// Runs `run` when this thread's cache code reaches `step`.
+    fn at_step(step: Step, run: impl FnOnce() + 'static) {
+        AT_STEP.with_borrow_mut(|h| *h = Some((step, Box::new(run))));
+    }
+
+    #[test]
+    fn a_fill_that_read_before_a_change_and_lands_between_its_mark_and_the_raise_is_refused() {
+        let cache = Arc::new(Cache::new(5, 100));
+        let filler = cache.clone();
+        let stored = Arc::new(AtomicBool::new(true));
+        let seen = stored.clone();
+        // Read at 5, stored while the advance to 6 (which changed the key) is half done:
+        // nothing was cached for the key, so only its tombstone can refuse the fill.
+        at_step(Step::Marked, move || {
+            seen.store(filler.fill(&key(1), Some(at("s1", 1, 5)), 5), SeqCst);
+        });
+        assert!(cache.advance(5, 6, &[(key(1), 6)]));
+        assert!(!stored.load(SeqCst), "the fill was stored");
+        assert!(matches!(cache.get(&key(1)), Lookup::Absent));
+        assert!(cache.fill(&key(1), Some(at("s2", 1, 6)), 6));
+    }
+
+    #[test]
+    fn a_lookup_that_overlaps_an_advance_never_stamps_a_changed_entry_with_the_new_version() {
+        let cache = Arc::new(Cache::new(5, 100));
+        assert!(cache.fill(&key(1), Some(at("s1", 1, 5)), 5));
+        let watcher = cache.clone();
+        // The advance to 6, which changed the key, runs whole between the lookup's two reads.
+        at_step(Step::VersionLoaded, move || {
+            assert!(watcher.advance(5, 6, &[(key(1), 6)]));
+        });
+        match cache.get(&key(1)) {
+            Lookup::Current { stamp, .. } => assert!(stamp < 6, "stamped {stamp}"),
+            Lookup::Stale(_) => {}
+            Lookup::Absent => panic!("the entry went"),
+        }
+        assert!(matches!(cache.get(&key(1)), Lookup::Stale(_)));
+    }
+
+    /// The invariant under a race: writers change a simulated directory (each change bumps the
+    /// version and appends to history, in order), a watcher advances the cache from history,
+    /// fillers read entries and store them after a delay, and readers check every current hit
+    /// against the directory's history: the entry must be the directory's entry at the version
+    /// the hit is stamped with. Full flushes are mixed in.
+    #[test]
+    fn every_current_hit_is_the_directorys_entry_at_its_stamp_under_concurrent_changes() {
+        use std::collections::HashMap;
+        use std::sync::Mutex;
+
+        const KEYS: usize = 16;
+        #[derive(Default)]
+        struct Directory {
+            version: i64,
+            /// Per key: (version, shard or None when deleted), in version order.
+            values: HashMap<usize, Vec<(i64, Option<String>)>>,
+            history: Vec<(i64, usize)>,
+        }
+        impl Directory {
+            fn at(&self, k: usize, version: i64) -> Option<String> {
+                let values = self.values.get(&k)?;
+                values.iter().rev().find(|(v, _)| *v <= version)?.1.clone()
+            }
+        }
+        let directory = Mutex::new(Directory::default());
+        let cache = Cache::new(0, 1_000);
+        let stop = AtomicBool::new(false);
+        let checked = AtomicU64::new(0);
+        let xorshift = |seed: &mut u64| {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            *seed
+        };
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut seed = 0x9e3779b97f4a7c15u64;
+                let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+                while std::time::Instant::now() < until {
+                    let mut d = directory.lock().unwrap();
+                    d.version += 1;
+                    let (v, k) = (d.version, xorshift(&mut seed) as usize % KEYS);
+                    let shard = (xorshift(&mut seed) % 4 != 0).then(|| format!("s{v}"));
+                    d.values.entry(k).or_default().push((v, shard));
+                    d.history.push((v, k));
+                    drop(d);
+                    std::thread::yield_now();
+                }
+                stop.store(true, SeqCst);
+            });
+            s.spawn(|| {
+                let mut rounds = 0u64;
+                while !stop.load(SeqCst) {
+                    rounds += 1;
+                    let since = cache.version();
+                    let d = directory.lock().unwrap();
+                    let to = d.version;
+                    let mut changed: HashMap<usize, i64> = HashMap::new();
+                    for (v, k) in d.history.iter().filter(|(v, _)| *v > since) {
+                        changed.insert(*k, *v);
+                    }
+                    drop(d);
+                    if rounds.is_multiple_of(50) {
+                        cache.flush(to);
+                    } else {
+                        let changed: Vec<_> =
+                            changed.into_iter().map(|(k, v)| (key(k), v)).collect();
+                        cache.advance(since, to, &changed);
+                    }
+                }
+            });
+            for n in 0..2u64 {
+                let (directory, cache, stop) = (&directory, &cache, &stop);
+                s.spawn(move || {
+                    let mut seed = 0x2545f4914f6cdd1du64 + n;
+                    while !stop.load(SeqCst) {
+                        let k = xorshift(&mut seed) as usize % KEYS;
+                        let d = directory.lock().unwrap();
+                        let (read_at, shard) = (d.version, d.at(k, d.version));
+                        drop(d);
+                        for _ in 0..xorshift(&mut seed) % 16 {
+                            std::thread::yield_now();
+                        }
+                        let entry = shard.map(|shard| at(&shard, k, read_at));
+                        cache.fill(&key(k), entry, read_at);
+                    }
+                });
+            }
+            for n in 0..2u64 {
+                let (directory, cache, stop, checked) = (&directory, &cache, &stop, &checked);
+                s.spawn(move || {
+                    let mut seed = 0x853c49e6748fea9bu64 + n;
+                    while !stop.load(SeqCst) {
+                        let k = xorshift(&mut seed) as usize % KEYS;
+                        if let Lookup::Current { entry, stamp } = cache.get(&key(k)) {
+                            let expected = directory.lock().unwrap().at(k, stamp);
+                            let got = entry.map(|e| e.shard_name.clone());
+                            assert_eq!(got, expected, "tenant {k} at stamp {stamp}");
+                            checked.fetch_add(1, SeqCst);
+                        }
+                    }
+                });
+            }
+        });
+        let checked = checked.load(SeqCst);
+        assert!(checked > 1_000, "only {checked} current hits were checked");
     }
 
     /// Counts this thread's allocations, to show a hit by borrowed key makes none.
@@ -248,8 +623,7 @@ mod tests {
             entity_id: "1",
         };
         let before = ALLOCATIONS.with(|n| n.get());
-        let found =
-            matches!(cache.get(&borrowed), Lookup::Current(Some(e)) if e.shard_name == "shard_1");
+        let found = matches!(cache.get(&borrowed), Lookup::Current { entry: Some(e), .. } if e.shard_name == "shard_1");
         let after = ALLOCATIONS.with(|n| n.get());
         assert!(found, "a borrowed key finds what an owned one filled");
         assert_eq!(after - before, 0, "allocations on a hit");

@@ -259,7 +259,7 @@ impl Directory {
         };
         if let Some(answer) = self.current(&borrowed, KeyRef::to_owned) {
             self.inner.counters.hit();
-            return answer;
+            return answer.map(|(entry, _)| entry);
         }
         self.lookup_key(&borrowed.to_owned()).await
     }
@@ -268,6 +268,12 @@ impl Directory {
     /// is reconnecting, cached entries may have missed an invalidation: lookups go to the store.
     /// Only when the store cannot be reached does the [`Policy`] decide.
     pub async fn lookup_key(&self, key: &EntityKey) -> Result<Arc<Entry>> {
+        Ok(self.route(key).await?.0)
+    }
+
+    /// The entry for `key` and the version a request routed by it carries: the newest version
+    /// the entry is known to be current at (it may be newer than the version it was read at).
+    pub(crate) async fn route(&self, key: &EntityKey) -> Result<(Arc<Entry>, i64)> {
         if let Some(answer) = self.current(key, EntityKey::clone) {
             self.inner.counters.hit();
             return answer;
@@ -280,19 +286,27 @@ impl Directory {
             return answer;
         }
         let cached = match self.inner.cache.get(key) {
-            Lookup::Current(e) => e,
+            Lookup::Current { entry, .. } => entry,
             Lookup::Stale(e) => Some(e),
             Lookup::Absent => None,
         };
+        let stamped = |e: Arc<Entry>| {
+            let at = e.directory_version;
+            (e, at)
+        };
         match self.fill(key).await {
-            Err(e) if e.is_directory_outage() => self.degraded(cached, e),
-            other => other,
+            Err(e) if e.is_directory_outage() => self.degraded(cached, e).map(stamped),
+            other => other.map(stamped),
         }
     }
 
-    /// The cached answer for `key`, when it is current and the watcher is there to say so.
-    /// (`owned` makes the key an error names.)
-    fn current<Q>(&self, key: &Q, owned: impl FnOnce(&Q) -> EntityKey) -> Option<Result<Arc<Entry>>>
+    /// The cached answer for `key` and its stamp, when it is current and the watcher is there to
+    /// say so. (`owned` makes the key an error names.)
+    fn current<Q>(
+        &self,
+        key: &Q,
+        owned: impl FnOnce(&Q) -> EntityKey,
+    ) -> Option<Result<(Arc<Entry>, i64)>>
     where
         Q: papaya::Equivalent<EntityKey> + std::hash::Hash,
     {
@@ -300,8 +314,11 @@ impl Directory {
             return None;
         }
         match self.inner.cache.get(key) {
-            Lookup::Current(Some(e)) => Some(Ok(e)),
-            Lookup::Current(None) => Some(Err(Error::UnknownEntity(owned(key)))),
+            Lookup::Current {
+                entry: Some(e),
+                stamp,
+            } => Some(Ok((e, stamp))),
+            Lookup::Current { entry: None, .. } => Some(Err(Error::UnknownEntity(owned(key)))),
             Lookup::Stale(_) | Lookup::Absent => None,
         }
     }
@@ -361,8 +378,11 @@ impl Directory {
                     continue;
                 }
             }
-            // A fetch can see a version the watcher has not announced yet.
-            self.learned(at);
+            // A fetch can see a version the watcher has not announced yet: its entry is
+            // current as read, and the watcher reads what else changed.
+            if at > known {
+                inner.watch.nudge();
+            }
             let Some(entry) = entry else {
                 inner.cache.fill(key, None, at);
                 return Err(Error::UnknownEntity(key.clone()));
@@ -386,7 +406,7 @@ impl Directory {
     /// carrying `version` can be refused there for that. When the client already knows a newer
     /// version, the fill is refused and the retry reads the directory.
     pub(crate) fn learn_moved(&self, entry: &Entry, moved_to: &str, version: i64) {
-        self.learned(version);
+        self.inner.watch.nudge();
         let learned = Entry {
             shard_name: moved_to.to_owned(),
             target_shard: None,
@@ -400,13 +420,6 @@ impl Directory {
             .fill(&entry.key, Some(Arc::new(learned)), version);
     }
 
-    fn learned(&self, version: i64) -> bool {
-        let inner = &self.inner;
-        inner
-            .watch
-            .learned(&inner.cache, &inner.counters, version, None)
-    }
-
     /// Where `shard` is, from the directory's registry (`shards.conninfo`).
     pub(crate) async fn shard_conninfo(&self, shard: &str) -> Result<Option<String>> {
         self.inner.store.conninfo(shard).await
@@ -414,9 +427,10 @@ impl Directory {
 
     /// Re-reads the global version (after a shard said this client is stale).
     pub async fn refresh(&self) -> Result<i64> {
-        let (version, _) = self.inner.store.current_version().await?;
-        self.learned(version);
-        Ok(self.inner.cache.version())
+        let inner = &self.inner;
+        let changes = inner.store.changes_since(inner.cache.version()).await?;
+        inner.watch.learned(&inner.cache, &inner.counters, &changes);
+        Ok(inner.cache.version())
     }
 
     /// The directory version this client knows.

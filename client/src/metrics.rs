@@ -23,6 +23,10 @@ pub mod names {
     pub const STORE_QUERIES: &str = "shard_directory_store_queries_total";
     /// Counter: cache invalidations (new directory versions learned).
     pub const INVALIDATIONS: &str = "shard_directory_invalidations_total";
+    /// Counter: invalidations that retired every cached entry, because the directory could not
+    /// say what changed (its history no longer covers the gap, too many changes, or
+    /// `changes_since()` is not available to this role). Otherwise only changed entries go.
+    pub const FULL_FLUSHES: &str = "shard_directory_full_flushes_total";
     /// Histogram, seconds: how old a change was when a poll or a reconnect, not a notification, brought it in. Sustained values mean notifications are being missed.
     pub const INVALIDATION_LAG: &str = "shard_directory_invalidation_lag_seconds";
     /// Counter, label `result` (hit, miss): lookups in the shared (Redis) cache; errors count as misses.
@@ -46,6 +50,7 @@ pub(crate) struct Counters {
     stale_serves: AtomicU64,
     store_queries: AtomicU64,
     invalidations: AtomicU64,
+    full_flushes: AtomicU64,
     retries: AtomicU64,
     shared_hits: AtomicU64,
     shared_misses: AtomicU64,
@@ -67,6 +72,8 @@ pub struct Stats {
     pub store_queries: u64,
     /// See [`names::INVALIDATIONS`].
     pub invalidations: u64,
+    /// See [`names::FULL_FLUSHES`].
+    pub full_flushes: u64,
     /// See [`names::RETRIES`].
     pub retries: u64,
     /// See [`names::SHARED_CACHE`].
@@ -123,6 +130,11 @@ impl Counters {
         }
     }
 
+    pub fn flushed(&self) {
+        bump(&self.full_flushes);
+        metrics::counter!(names::FULL_FLUSHES).increment(1);
+    }
+
     pub fn rejected(&self, reason: &'static str) {
         if let Some(i) = REASONS.iter().position(|r| *r == reason) {
             bump(&self.rejections[i]);
@@ -164,6 +176,7 @@ impl Counters {
             serving_stale: get(&self.stale_serves),
             store_queries: get(&self.store_queries),
             invalidations: get(&self.invalidations),
+            full_flushes: get(&self.full_flushes),
             retries: get(&self.retries),
             shared_cache_hits: get(&self.shared_hits),
             shared_cache_misses: get(&self.shared_misses),

@@ -388,11 +388,12 @@ impl Router {
         self.with_retries(key, Mode::Read, &mut f).await
     }
 
-    /// One attempt of `mode` at the route `entry` gives. (A method, not a closure: an async
+    /// One attempt of `mode` at the route `entry` gives, stamped with `version`. (A method, not a closure: an async
     /// closure borrowing `&self` would make the caller's future `Send` for one lifetime only.)
     async fn once<T, E, F>(
         &self,
         entry: &Entry,
+        version: i64,
         mode: Mode,
         f: &mut F,
     ) -> Result<Reads<T>, Attempt<E>>
@@ -407,16 +408,20 @@ impl Router {
                     return Err(Attempt::ReadOnly);
                 }
                 let one = self
-                    .attempt(shard, entry, options, STAMP_AND_CHECK, f)
+                    .attempt(shard, entry, version, options, STAMP_AND_CHECK, f)
                     .await?;
                 Ok(Reads::One(one))
             }
             Mode::Read => {
                 let options = TxOptions::default().read_only();
-                let source = self.attempt(shard, entry, options, STAMP, f).await?;
+                let source = self
+                    .attempt(shard, entry, version, options, STAMP, f)
+                    .await?;
                 match (&entry.state, &entry.target_shard) {
                     (State::Migrating, Some(target)) => {
-                        let target = self.attempt(target, entry, options, STAMP, f).await?;
+                        let target = self
+                            .attempt(target, entry, version, options, STAMP, f)
+                            .await?;
                         Ok(Reads::Both { source, target })
                     }
                     _ => Ok(Reads::One(source)),
@@ -447,18 +452,14 @@ impl Router {
         loop {
             attempt += 1;
             span.record("attempt", attempt);
-            let entry = self
-                .directory
-                .lookup_key(key)
-                .instrument(span.clone())
-                .await?;
+            let (entry, version) = self.directory.route(key).instrument(span.clone()).await?;
             span.record("shard", tracing::field::display(&entry.shard_name));
-            span.record("version", entry.directory_version);
+            span.record("version", version);
             let backoff = self.retry.backoff(attempt);
             let out_of_time = started.elapsed() + backoff > self.retry.deadline;
             let counters = self.directory.counters();
             let (rejection, source) = match self
-                .once(&entry, mode, f)
+                .once(&entry, version, mode, f)
                 .instrument(span.clone())
                 .await
             {
@@ -516,12 +517,13 @@ impl Router {
         }
     }
 
-    /// One transaction on `shard`, begun with `options` and stamped (`stamp`) with the entry's
-    /// directory version. An `Err` from `f` rolls it back.
+    /// One transaction on `shard`, begun with `options` and stamped (`stamp`) with `version`.
+    /// An `Err` from `f` rolls it back.
     async fn attempt<T, E, F>(
         &self,
         shard: &str,
         entry: &Entry,
+        version: i64,
         options: TxOptions,
         stamp: &str,
         f: &mut F,
@@ -546,7 +548,7 @@ impl Router {
         }
         let tx = begin.start().await.map_err(Attempt::db)?;
         // One round trip: prepared once per connection, or unnamed.
-        let version = entry.directory_version.to_string();
+        let version = version.to_string();
         let params: [(&(dyn ToSql + Sync), Type); 3] = [
             (&version, Type::TEXT),
             (&entry.key.entity_type, Type::TEXT),

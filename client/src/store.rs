@@ -1,6 +1,8 @@
 //! The authoritative store: the directory database, read one round trip per query.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use tokio_postgres::types::ToSql;
@@ -22,11 +24,73 @@ const FETCH: &str = "SELECT v.version, d.shard_name, d.target_shard, d.state, d.
 pub(crate) const CURRENT_VERSION: &str =
     "SELECT version, extract(epoch FROM now() - updated_at)::float8 FROM shard_directory.shard_directory_version";
 
+/// The version, its age, and what changed since `$1`, from one snapshot, in one round trip.
+pub(crate) const CHANGES: &str =
+    "SELECT version, age, complete, entity_types, entity_ids, versions \
+     FROM shard_directory.changes_since($1)";
+
+/// What a read of the directory's version brought.
+#[derive(Debug)]
+pub(crate) struct Changes {
+    /// The version the read asked about.
+    pub since: i64,
+    pub version: i64,
+    /// How long ago the version changed.
+    pub age: Option<Duration>,
+    /// Every key changed after `since`, with the latest version that changed it; `None` when
+    /// the directory cannot say (history purged, too many changes, no `changes_since()`).
+    pub changed: Option<Vec<(EntityKey, i64)>>,
+}
+
+impl Changes {
+    /// From a row of [`CHANGES`], or of [`CURRENT_VERSION`] (nothing known of what changed).
+    pub fn from_row(since: i64, row: &Row) -> Changes {
+        let changed = (row.len() > 2 && row.get::<_, bool>(2)).then(|| {
+            let types: Vec<String> = row.get::<_, Option<_>>(3).unwrap_or_default();
+            let ids: Vec<String> = row.get::<_, Option<_>>(4).unwrap_or_default();
+            let versions: Vec<i64> = row.get::<_, Option<_>>(5).unwrap_or_default();
+            types
+                .into_iter()
+                .zip(ids)
+                .map(|(t, i)| EntityKey::new(t, i))
+                .zip(versions)
+                .collect()
+        });
+        Changes {
+            since,
+            version: row.get(0),
+            age: Duration::try_from_secs_f64(row.get::<_, f64>(1)).ok(),
+            changed,
+        }
+    }
+
+    /// Whether `e` says `changes_since()` cannot be used here (an extension older than 0.2.0,
+    /// or a role not granted EXECUTE on it); says so once.
+    pub fn unavailable(e: &tokio_postgres::Error) -> bool {
+        use tokio_postgres::error::SqlState;
+        let unavailable = e.code().is_some_and(|c| {
+            *c == SqlState::UNDEFINED_FUNCTION || *c == SqlState::INSUFFICIENT_PRIVILEGE
+        });
+        if unavailable {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                tracing::warn!(error = %e, "shard_directory.changes_since() is not available \
+                    (GRANT EXECUTE ON FUNCTION shard_directory.changes_since TO this role, or \
+                    ALTER EXTENSION shard_directory UPDATE): every directory change flushes the \
+                    whole cache");
+            });
+        }
+        unavailable
+    }
+}
+
 pub(crate) struct Store {
     pool: Pool,
     counters: Arc<Counters>,
     timeouts: Timeouts,
     statements: Statements,
+    /// Cleared once `changes_since()` turned out not to be available.
+    by_entity: AtomicBool,
 }
 
 /// A connection-level failure means "unreachable"; an error the server sent means it answered.
@@ -70,6 +134,7 @@ impl Store {
             counters,
             timeouts,
             statements,
+            by_entity: AtomicBool::new(true),
         })
     }
 
@@ -148,5 +213,19 @@ impl Store {
     pub async fn current_version(&self) -> Result<(i64, f64)> {
         let row = self.query_one(CURRENT_VERSION, []).await?;
         Ok((row.get(0), row.get(1)))
+    }
+
+    /// The global version and what changed since `since`.
+    pub async fn changes_since(&self, since: i64) -> Result<Changes> {
+        if self.by_entity.load(Ordering::Relaxed) {
+            match self.query_one(CHANGES, [(&since, Type::INT8)]).await {
+                Err(Error::Directory(e)) if Changes::unavailable(&e) => {
+                    self.by_entity.store(false, Ordering::Relaxed)
+                }
+                row => return Ok(Changes::from_row(since, &row?)),
+            }
+        }
+        let row = self.query_one(CURRENT_VERSION, []).await?;
+        Ok(Changes::from_row(since, &row))
     }
 }

@@ -11,7 +11,8 @@ use crate::directory::adopt_lower;
 use crate::metrics::Counters;
 use crate::pool::{self, Connector, Timeouts};
 use crate::statements::Statements;
-use crate::store::CURRENT_VERSION;
+use crate::store::{Changes, CHANGES, CURRENT_VERSION};
+use tokio_postgres::types::{ToSql, Type};
 
 /// What the watcher knows about its own health.
 #[derive(Default)]
@@ -19,6 +20,8 @@ pub(crate) struct Watch {
     connected: AtomicBool,
     last_heard: Mutex<Option<SystemTime>>,
     last_invalidation: Mutex<Option<SystemTime>>,
+    /// A fill read a version newer than the known one: the watcher reads what changed.
+    nudge: tokio::sync::Notify,
 }
 
 impl Watch {
@@ -38,22 +41,35 @@ impl Watch {
         *self.last_heard.lock().expect("watch lock") = Some(SystemTime::now());
     }
 
-    /// The one path by which a newer version reaches the cache, whoever learned it (the
-    /// watcher, a fill, a refresh, a shard's `moved` refusal): it retires older entries, is
-    /// counted and timed. Returns whether it was news.
-    pub fn learned(
-        &self,
-        cache: &Cache,
-        counters: &Counters,
-        version: i64,
-        lag: Option<Duration>,
-    ) -> bool {
-        if !cache.invalidate(version) {
+    /// Asks the watcher to read what changed (without waiting for a notification or the poll).
+    pub fn nudge(&self) {
+        self.nudge.notify_one();
+    }
+
+    /// The one path by which a newer version reaches the cache, whoever read it (the watcher,
+    /// a refresh): retires the entries that changed, or all of them when the directory could not
+    /// say which; counted and timed. Returns whether it was news.
+    pub fn learned(&self, cache: &Cache, counters: &Counters, changes: &Changes) -> bool {
+        let news = match &changes.changed {
+            Some(changed) => cache.advance(changes.since, changes.version, changed),
+            None => {
+                let flushed = cache.flush(changes.version);
+                if flushed {
+                    counters.flushed();
+                }
+                flushed
+            }
+        };
+        if !news {
             return false;
         }
         *self.last_invalidation.lock().expect("watch lock") = Some(SystemTime::now());
-        counters.invalidated(version, lag);
-        tracing::debug!(version, "shard directory changed");
+        counters.invalidated(changes.version, changes.age);
+        tracing::debug!(
+            version = changes.version,
+            changed = changes.changed.as_ref().map(Vec::len),
+            "shard directory changed"
+        );
         true
     }
 }
@@ -75,11 +91,10 @@ pub(crate) struct Watcher {
 pub const APPLICATION_NAME: &str = "shard_directory_watcher";
 
 impl Watcher {
-    /// Applies a version heard from the directory.
-    fn apply(&self, version: i64, lag: Option<Duration>) {
+    /// Applies what a read of the directory brought.
+    fn apply(&self, changes: &Changes) {
         self.watch.heard();
-        self.watch
-            .learned(&self.cache, &self.counters, version, lag);
+        self.watch.learned(&self.cache, &self.counters, changes);
     }
 
     pub async fn run(self) {
@@ -109,41 +124,67 @@ impl Watcher {
             if self.listen {
                 client.batch_execute("LISTEN shard_directory").await?;
             }
-            let poll = match self.statements {
-                Statements::Prepared => Some(client.prepare(CURRENT_VERSION).await?),
-                _ => None,
-            };
-            let query_version =
-                async || -> Result<(i64, Option<Duration>), tokio_postgres::Error> {
-                    let row = match &poll {
-                        Some(poll) => client.query_one(poll, &[]).await?,
-                        None => client.query_typed_one(CURRENT_VERSION, &[]).await?,
+            // An extension older than changes_since(), or a role not granted it: the version
+            // alone, and a flush on every change.
+            let mut by_entity = true;
+            let mut poll: Option<tokio_postgres::Statement> = None;
+            let mut query_changes = async |since: i64| -> Result<Changes, tokio_postgres::Error> {
+                loop {
+                    let (sql, types): (&str, &[Type]) = if by_entity {
+                        (CHANGES, &[Type::INT8])
+                    } else {
+                        (CURRENT_VERSION, &[])
                     };
-                    Ok((
-                        row.get(0),
-                        Duration::try_from_secs_f64(row.get::<_, f64>(1)).ok(),
-                    ))
-                };
+                    let params: &[&(dyn ToSql + Sync)] = if by_entity { &[&since] } else { &[] };
+                    let row = match self.statements {
+                        Statements::Prepared => match &poll {
+                            Some(statement) => client.query_one(statement, params).await,
+                            None => match client.prepare_typed(sql, types).await {
+                                Ok(statement) => {
+                                    client.query_one(poll.insert(statement), params).await
+                                }
+                                Err(e) => Err(e),
+                            },
+                        },
+                        _ => {
+                            let typed: Vec<_> = params
+                                .iter()
+                                .zip(types)
+                                .map(|(p, t)| (*p, t.clone()))
+                                .collect();
+                            client.query_typed_one(sql, &typed).await
+                        }
+                    };
+                    return match row {
+                        Err(e) if by_entity && Changes::unavailable(&e) => {
+                            by_entity = false;
+                            poll = None;
+                            continue;
+                        }
+                        row => Ok(Changes::from_row(since, &row?)),
+                    };
+                }
+            };
             // Below the known version once is a race with a fill that read later; twice in a row,
             // the directory went back. A directory that does not answer within the query timeout
             // ends the session: the watcher reconnects (and lookups meanwhile go to the store).
             let after = self.timeouts.query;
-            let read_once = async || -> Result<(i64, Option<Duration>), Ended> {
-                tokio::time::timeout(after, query_version())
+            let mut read_once = async |since: i64| -> Result<Changes, Ended> {
+                tokio::time::timeout(after, query_changes(since))
                     .await
                     .map_err(|_| Ended::Timeout(after))?
                     .map_err(Ended::Db)
             };
-            let read = async || -> Result<(), Ended> {
-                let (mut version, mut lag) = read_once().await?;
+            let mut read = async || -> Result<(), Ended> {
                 let known = self.cache.version();
-                if version < known {
-                    (version, lag) = read_once().await?;
-                    if version < known {
-                        adopt_lower(&self.cache, &self.counters, known, version);
+                let mut changes = read_once(known).await?;
+                if changes.version < known {
+                    changes = read_once(known).await?;
+                    if changes.version < known {
+                        adopt_lower(&self.cache, &self.counters, known, changes.version);
                     }
                 }
-                self.apply(version, lag);
+                self.apply(&changes);
                 Ok(())
             };
             read().await?;
@@ -178,6 +219,7 @@ impl Watcher {
                         None => { client.simple_query("").await?; }
                     },
                     _ = ticker.tick() => read().await?,
+                    _ = self.watch.nudge.notified() => read().await?,
                 }
             }
         };

@@ -2,8 +2,9 @@
 //! `metrics-exporter-prometheus` as a service would install it (the crate never installs one),
 //! under the names of `metrics::names` (Prometheus writes `directory.serving_stale` as
 //! `directory_serving_stale`), with the same counts as `Directory::stats()`; every path by which
-//! a newer version reaches the cache counts as an invalidation. One test per binary: the
-//! recorder is global.
+//! a newer version reaches the cache counts as an invalidation (a shard's `moved` refusal and a
+//! fill that read a newer version send the watcher to read what changed), and a gap history no
+//! longer covers counts as a full flush. One test per binary: the recorder is global.
 
 use std::time::Duration;
 
@@ -50,7 +51,7 @@ async fn every_count_and_every_invalidation_path_reaches_the_applications_promet
     // brings the cutover's version.
     let router = t.router(deaf.clone());
     deaf.lookup("tenant", "8842").await.unwrap();
-    t.move_tenant("8842", "shard_2").await;
+    let cutover = t.move_tenant("8842", "shard_2").await;
     router
         .run(&EntityKey::new("tenant", "8842"), async |tx| {
             tx.execute("INSERT INTO orders VALUES ('8842', 'x')", &[])
@@ -59,14 +60,30 @@ async fn every_count_and_every_invalidation_path_reaches_the_applications_promet
         })
         .await
         .unwrap();
+    reaches(&deaf, cutover).await;
     assert_eq!(deaf.stats().invalidations, 1, "the moved refusal");
-    // refresh().
+    // refresh(), across a change whose history was purged: the client cannot tell what changed.
+    t.add_tenant("2a", "shard_1").await;
+    t.dba()
+        .await
+        .execute(
+            "SELECT shard_directory.purge_history(clock_timestamp())",
+            &[],
+        )
+        .await
+        .unwrap();
     let v = t.add_tenant("2", "shard_1").await;
     assert_eq!(deaf.refresh().await.unwrap(), v);
     assert_eq!(deaf.stats().invalidations, 2, "refresh()");
+    assert_eq!(
+        deaf.stats().full_flushes,
+        1,
+        "refresh() across the purged gap"
+    );
     // A fill that read a newer version than the client knew.
     let last = t.add_tenant("3", "shard_1").await;
     deaf.lookup("tenant", "3").await.unwrap();
+    reaches(&deaf, last).await;
     assert_eq!(deaf.stats().invalidations, 3, "a fill that read newer");
     // The watcher: a notification, a poll.
     reaches(&listening, last).await;
@@ -92,8 +109,9 @@ async fn every_count_and_every_invalidation_path_reaches_the_applications_promet
             .sum::<u64>() as f64
     };
     let text = prometheus.render();
-    let counters: [(&str, Count); 7] = [
+    let counters: [(&str, Count); 8] = [
         (names::INVALIDATIONS, |s| s.invalidations),
+        (names::FULL_FLUSHES, |s| s.full_flushes),
         (names::CACHE_HITS, |s| s.cache_hits),
         (names::CACHE_MISSES, |s| s.cache_misses),
         (names::STORE_QUERIES, |s| s.store_queries),
