@@ -57,11 +57,11 @@ async fn main() {
          CREATE ROLE version_only_router LOGIN; \
          GRANT USAGE ON SCHEMA shard_directory TO version_only_router; \
          GRANT SELECT ON shard_directory.shard_directory, shard_directory.shard_directory_version, \
-           shard_directory.shards TO version_only_router; \
-         VACUUM ANALYZE"
+           shard_directory.shards TO version_only_router"
     ))
     .await
     .unwrap();
+    dba.batch_execute("VACUUM ANALYZE").await.unwrap();
     let settings = || DirectoryConfig::default().store_pool_size(8);
     let before = rss();
     let by_entity = Directory::connect(cluster.config("bench"), settings())
