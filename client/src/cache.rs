@@ -22,6 +22,8 @@ use std::sync::{Arc, Mutex};
 
 use crate::entry::{EntityKey, Entry};
 
+/// Held inline in the map: a hit reads it without one more pointer to follow.
+#[derive(Clone)]
 struct Cached {
     /// `None`: the directory had no entry for the key (or a tombstone: nothing was cached).
     entry: Option<Arc<Entry>>,
@@ -66,7 +68,8 @@ fn interleave(step: Step) {
 }
 
 pub(crate) struct Cache {
-    map: papaya::HashMap<EntityKey, Arc<Cached>>,
+    /// foldhash (seeded per process): a third of SipHash's cost on the hit path.
+    map: papaya::HashMap<EntityKey, Cached, foldhash::fast::RandomState>,
     version: AtomicI64,
     epoch: AtomicU64,
     /// Serialises the writers of the known version (advances, flushes, adoptions).
@@ -90,7 +93,13 @@ pub(crate) enum Lookup {
 impl Cache {
     pub fn new(version: i64, max_entries: usize) -> Cache {
         Cache {
-            map: papaya::HashMap::new(),
+            // Incremental resizing (papaya's default) leaves a resize half done when fills stop,
+            // and every hit then searches two tables; a blocking resize costs the rare fill
+            // that triggers it instead.
+            map: papaya::HashMap::builder()
+                .hasher(foldhash::fast::RandomState::default())
+                .resize_mode(papaya::ResizeMode::Blocking)
+                .build(),
             version: AtomicI64::new(version),
             epoch: AtomicU64::new(0),
             advancing: Mutex::new(()),
@@ -111,7 +120,7 @@ impl Cache {
         let known = self.version.load(SeqCst);
         let epoch = self.epoch.load(SeqCst);
         interleave(Step::VersionLoaded);
-        match self.map.pin().get(key).map(|c| &**c) {
+        match self.map.pin().get(key) {
             Some(c) if c.epoch == epoch && c.changed_at.is_none() => Lookup::Current {
                 entry: c.entry.clone(),
                 stamp: known.max(c.read_at),
@@ -170,28 +179,29 @@ impl Cache {
                 }
                 // Marked in the current epoch even if filled before a flush: a fill racing
                 // this advance must find the mark.
-                Some((_, c)) => papaya::Operation::Insert(Arc::new(Cached {
+                Some((_, c)) => papaya::Operation::Insert(Cached {
                     entry: c.entry.clone(),
                     epoch,
                     read_at: c.read_at,
                     changed_at: c.changed_at.max(Some(at)),
-                })),
-                None => papaya::Operation::Insert(Arc::new(Cached {
+                }),
+                None => papaya::Operation::Insert(Cached {
                     entry: None,
                     epoch,
                     read_at: at - 1,
                     changed_at: Some(at),
-                })),
+                }),
             });
-            if let papaya::Compute::Inserted(_, tomb) = marked {
-                tombstones.push((key, tomb.clone()));
+            if let papaya::Compute::Inserted(..) = marked {
+                tombstones.push((key, at));
             }
         }
         interleave(Step::Marked);
         self.version.store(to, SeqCst);
         // A fill that read before a change now finds the known version past its read.
-        for (key, tomb) in tombstones {
-            let _ = map.remove_if(key, |_, c| Arc::ptr_eq(c, &tomb));
+        for (key, at) in tombstones {
+            // Unless a fill that read at or after the change replaced it.
+            let _ = map.remove_if(key, |_, c| c.entry.is_none() && c.changed_at == Some(at));
         }
         true
     }
@@ -215,12 +225,12 @@ impl Cache {
     pub fn fill(&self, key: &EntityKey, entry: Option<Arc<Entry>>, read_at: i64) -> bool {
         let epoch = self.epoch.load(SeqCst);
         let map = self.map.pin();
-        let fresh = Arc::new(Cached {
+        let fresh = Cached {
             entry,
             epoch,
             read_at,
             changed_at: None,
-        });
+        };
         let stored = map.compute(key.clone(), |old| {
             let newer_or_changed = old.is_some_and(|(_, c)| {
                 c.epoch == epoch
@@ -413,12 +423,12 @@ mod tests {
         let _turn = cache.lock();
         cache.map.pin().insert(
             key(2),
-            Arc::new(Cached {
+            Cached {
                 entry: None,
                 epoch: 0,
                 read_at: 6,
                 changed_at: Some(7),
-            }),
+            },
         );
         drop(_turn);
         // ...a tombstone refuses it although the known version (5) is not past its read yet.

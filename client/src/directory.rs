@@ -261,7 +261,9 @@ impl Directory {
             self.inner.counters.hit();
             return answer.map(|(entry, _)| entry);
         }
-        self.lookup_key(&borrowed.to_owned()).await
+        // Boxed: the miss path's state (a fill, the store's query) would otherwise make every
+        // lookup's future kilobytes large, copied on a hit too.
+        Box::pin(self.lookup_key(&borrowed.to_owned())).await
     }
 
     /// The entry for `key`: from the cache when current, else from the store. While the watcher

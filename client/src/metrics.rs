@@ -43,9 +43,12 @@ pub mod names {
 
 const REASONS: [&str; 5] = ["stale", "missing", "frozen", "moved", "serialization"];
 
-#[derive(Default)]
 pub(crate) struct Counters {
-    hits: AtomicU64,
+    /// The hit path's handle, registered once: looking the counter up in the recorder on every
+    /// hit would cost more than the hit. (So the recorder must be installed before
+    /// `Directory::connect`, as applications do at start-up.)
+    hit_counter: metrics::Counter,
+    hits: Striped,
     misses: AtomicU64,
     stale_serves: AtomicU64,
     store_queries: AtomicU64,
@@ -96,14 +99,57 @@ impl Stats {
     }
 }
 
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            hit_counter: metrics::counter!(names::CACHE_HITS),
+            hits: Striped::default(),
+            misses: AtomicU64::default(),
+            stale_serves: AtomicU64::default(),
+            store_queries: AtomicU64::default(),
+            invalidations: AtomicU64::default(),
+            full_flushes: AtomicU64::default(),
+            retries: AtomicU64::default(),
+            shared_hits: AtomicU64::default(),
+            shared_misses: AtomicU64::default(),
+            version_regressions: AtomicU64::default(),
+            rejections: Default::default(),
+        }
+    }
+}
+
+/// A counter bumped from many threads at once (every cache hit): one slot per thread, on its own
+/// cache line, so that threads do not take the line from each other on every hit.
+#[derive(Default)]
+struct Striped([Slot; 16]);
+
+#[derive(Default)]
+#[repr(align(128))]
+struct Slot(AtomicU64);
+
+impl Striped {
+    fn bump(&self) {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        thread_local! {
+            static SLOT: usize = NEXT.fetch_add(1, Ordering::Relaxed) as usize % 16;
+        }
+        let slot = SLOT.with(|s| *s);
+        self.0[slot].0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn sum(&self) -> u64 {
+        self.0.iter().map(|s| s.0.load(Ordering::Relaxed)).sum()
+    }
+}
+
 fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
 impl Counters {
     pub fn hit(&self) {
-        bump(&self.hits);
-        metrics::counter!(names::CACHE_HITS).increment(1);
+        self.hits.bump();
+        self.hit_counter.increment(1);
     }
 
     pub fn miss(&self) {
@@ -171,7 +217,7 @@ impl Counters {
     pub fn snapshot(&self) -> Stats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         Stats {
-            cache_hits: get(&self.hits),
+            cache_hits: self.hits.sum(),
             cache_misses: get(&self.misses),
             serving_stale: get(&self.stale_serves),
             store_queries: get(&self.store_queries),

@@ -1,0 +1,146 @@
+//! A cache hit, side by side with a `Mutex<HashMap>` holding the same entries: random existing
+//! keys, 1 and 2 threads, at each size of `BENCH_ENTRIES` (10,000 and 1,000,000). The client is
+//! asked by borrowed `&str` keys (`Directory::lookup`); the baseline twice: with the key built
+//! per lookup (what a map keyed by owned strings needs) and with keys built beforehand (the
+//! map's own cost alone). Latency is per lookup, from samples of 64 lookups each (one clock
+//! read per sample), p50 and p99 over the samples.
+//!
+//! Run with `bash scripts/bench.sh lookup`.
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use futures_util::{FutureExt, StreamExt};
+use shard_directory_client::{Directory, DirectoryConfig, EntityKey, Entry};
+use shard_directory_e2e::Cluster;
+
+const BATCH: usize = 64;
+const SAMPLES: usize = 20_000;
+
+/// p50 and p99 of per-lookup nanoseconds, `run(i)` doing lookup `i`, on `threads` threads.
+fn measure(threads: usize, lookups: usize, run: &(dyn Fn(usize) + Sync)) -> (f64, f64) {
+    let mut samples: Vec<f64> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || {
+                    let mut out = Vec::with_capacity(SAMPLES);
+                    let mut i = t * 7919;
+                    for _ in 0..SAMPLES {
+                        let start = Instant::now();
+                        for _ in 0..BATCH {
+                            run(i % lookups);
+                            i += 1;
+                        }
+                        out.push(start.elapsed().as_nanos() as f64 / BATCH as f64);
+                    }
+                    out
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    samples.sort_by(f64::total_cmp);
+    let at = |q: f64| samples[((samples.len() - 1) as f64 * q) as usize];
+    (at(0.5), at(0.99))
+}
+
+#[tokio::main]
+async fn main() {
+    let sizes: Vec<usize> = std::env::var("BENCH_ENTRIES")
+        .unwrap_or_else(|_| "10000,1000000".into())
+        .split(',')
+        .map(|n| {
+            n.trim()
+                .parse()
+                .expect("BENCH_ENTRIES: sizes separated by commas")
+        })
+        .collect();
+    let cluster = Cluster::start("bench-lookup", &[]);
+    cluster.create_database_with_extension("bench").await;
+    let dba = cluster.connect("bench").await;
+    dba.batch_execute("INSERT INTO shard_directory.shards (shard_name) VALUES ('shard_1')")
+        .await
+        .unwrap();
+    println!(
+        "cache hit by random existing key, ns per lookup (p50 / p99 over samples of {BATCH}), \
+         side by side with a Mutex<HashMap> of the same entries"
+    );
+    println!(
+        "| entries | threads | this client | mutex map, key built per lookup | ratio | mutex map, keys built beforehand | ratio |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let mut loaded = 0;
+    for entries in sizes {
+        dba.execute(
+            "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) \
+             SELECT 'tenant', i::text, 'shard_1' FROM generate_series($1::bigint, $2::bigint) i",
+            &[&(loaded as i64 + 1), &(entries as i64)],
+        )
+        .await
+        .unwrap();
+        loaded = loaded.max(entries);
+        let d = Directory::connect(
+            cluster.config("bench"),
+            DirectoryConfig::default().store_pool_size(8),
+        )
+        .await
+        .unwrap();
+        eprintln!(
+            "lookup future: {} bytes",
+            std::mem::size_of_val(&d.lookup("tenant", "1"))
+        );
+        let ids: Vec<String> = (1..=entries).map(|i| i.to_string()).collect();
+        let found: Vec<Arc<Entry>> = futures_util::stream::iter(&ids)
+            .map(|id| {
+                let d = d.clone();
+                async move { d.lookup("tenant", id).await.unwrap() }
+            })
+            .buffered(32)
+            .collect()
+            .await;
+        let map: Mutex<HashMap<EntityKey, Arc<Entry>>> =
+            Mutex::new(found.iter().map(|e| (e.key.clone(), e.clone())).collect());
+        let keys: Vec<EntityKey> = found.iter().map(|e| e.key.clone()).collect();
+        // One random order of the keys, the same for every contender.
+        let mut rng = fastrand::Rng::with_seed(7);
+        let order: Vec<usize> = (0..entries.min(1 << 20))
+            .map(|_| rng.usize(0..entries))
+            .collect();
+        for threads in [1, 2] {
+            let ours = measure(threads, order.len(), &|i| {
+                let id = &ids[order[i]];
+                let hit = d.lookup("tenant", id).now_or_never().expect("a hit");
+                black_box(hit.unwrap());
+            });
+            let built = measure(threads, order.len(), &|i| {
+                let key = EntityKey::new("tenant", ids[order[i]].as_str());
+                black_box(map.lock().unwrap().get(&key).cloned().expect("present"));
+            });
+            let prepared = measure(threads, order.len(), &|i| {
+                let key = &keys[order[i]];
+                black_box(map.lock().unwrap().get(key).cloned().expect("present"));
+            });
+            println!(
+                "| {entries} | {threads} | {:.0} / {:.0} | {:.0} / {:.0} | {:.2}x | {:.0} / {:.0} | {:.2}x |",
+                ours.0,
+                ours.1,
+                built.0,
+                built.1,
+                built.0 / ours.0,
+                prepared.0,
+                prepared.1,
+                prepared.0 / ours.0,
+            );
+        }
+        assert_eq!(
+            d.stats().cache_misses,
+            entries as u64,
+            "every timed lookup was a hit"
+        );
+    }
+}
