@@ -1,18 +1,48 @@
 #!/usr/bin/env bash
-# Benchmarks, each side by side in one run: `check` (the shard-side check under pgbench: no check
-# vs the guide's PL/pgSQL vs native), `move` (a 100k-row tenant moved by logical vs copy, and the
-# copy against a plain COPY), `directory` (one entry's UPDATE: plain table vs the guide's PL/pgSQL
-# trigger vs the extension, at 1 and 2 clients), `churn` (cache hit rate while tenants are inserted:
-# invalidation by entity vs full flush), `lookup` (a cache hit against a Mutex<HashMap>). No
-# argument runs them all.
-# BENCH_SECONDS, BENCH_ROUNDS tune `check` and `directory`, BENCH_CLIENTS `check`; BENCH_MOVES tunes `move`;
-# BENCH_ENTRIES, BENCH_SECONDS and BENCH_INSERTS tune `churn`; BENCH_ENTRIES (sizes, comma-separated) `lookup`.
+# Benchmarks, each side by side in one run:
+#   check      the shard-side check under pgbench: no check vs the guide's PL/pgSQL vs native
+#   move       a 100k-row tenant moved by logical vs copy, and the copy against a plain COPY
+#   directory  one entry's UPDATE: plain table vs the guide's PL/pgSQL trigger vs the extension
+#   churn      cache hit rate while tenants are inserted: invalidation by entity vs full flush
+#   lookup     a cache hit against a Mutex<HashMap> of the same entries
+#   fanout     COMMIT to every one of N client instances (over 4 processes) knowing the version
+#   poll       the read every instance makes per change: the version row vs changes_since()
+# No argument runs them all. --quick runs each for a few seconds at smaller sizes (a few minutes
+# in all). Every run writes its output, with the date and the machine, to
+# bench-results/results.md (and bench-results/results-quick.md), and `fanout` its samples and a
+# chart (bench-results/fanout.{csv,svg}).
+# Settings: BENCH_SECONDS, BENCH_ROUNDS (check, directory; BENCH_SECONDS also churn), BENCH_CLIENTS
+# (check), BENCH_MOVES (move), BENCH_ENTRIES (churn; lookup: sizes, comma-separated),
+# BENCH_INSERTS (churn), BENCH_INSTANCES and BENCH_CHANGES (fanout).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+results=bench-results/results.md
+if [ "${1:-}" = --quick ]; then
+  shift
+  results=bench-results/results-quick.md
+  export BENCH_SECONDS=${BENCH_SECONDS:-3} BENCH_ROUNDS=${BENCH_ROUNDS:-1} BENCH_MOVES=${BENCH_MOVES:-1}
+  export BENCH_ENTRIES=${BENCH_ENTRIES:-100000} BENCH_CHANGES=${BENCH_CHANGES:-50}
+  export BENCH_INSTANCES=${BENCH_INSTANCES:-1,16,64}
+fi
+
 bash scripts/setup.sh
 bash scripts/install-extension.sh --release
-for bench in "${@:-check move directory churn lookup}"; do
-  for b in $bench; do
-    cargo run -q --release -p shard-directory-e2e --bin "bench_$b"
-  done
+cargo build -q --release -p shard-directory-e2e --bins
+
+mkdir -p bench-results
+{
+  echo "# Benchmark results"
+  echo
+  echo "$(date -u '+%Y-%m-%d %H:%M UTC'); $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), $(free -g | awk '/^Mem:/ {print $2}') GiB;" \
+    "$(/usr/lib/postgresql/15/bin/postgres --version); $(rustc --version | cut -d' ' -f1-2)"
+  echo "Command: bash scripts/bench.sh ${*:-}$( [ "$results" = bench-results/results-quick.md ] && echo ' (--quick)')"
+  echo
+} > "$results"
+for bench in ${@:-check move directory churn lookup fanout poll}; do
+  echo "## $bench" >> "$results"
+  echo >> "$results"
+  "target/release/bench_$bench" | tee -a "$results"
+  echo >> "$results"
 done
+echo "results: $results"

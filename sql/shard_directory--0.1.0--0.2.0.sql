@@ -99,27 +99,30 @@ CREATE FUNCTION changes_since(
     OUT entity_types text[], OUT entity_ids text[], OUT versions bigint[])
 STABLE STRICT SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
-    SELECT v.version,
-           extract(epoch FROM now() - v.updated_at)::float8,
-           c.complete,
-           k.entity_types, k.entity_ids, k.versions
-    FROM shard_directory.shard_directory_version v
-    CROSS JOIN LATERAL (
-        SELECT since >= v.version
-            OR ((SELECT count(*) FROM (
-                    SELECT FROM shard_directory.shard_directory_history h
-                    WHERE h.version > since LIMIT max_changes + 1) n) <= max_changes
-                AND EXISTS (SELECT FROM shard_directory.shard_directory_history h
-                            WHERE h.version <= since + 1)) AS complete) c
-    CROSS JOIN LATERAL (
-        SELECT array_agg(x.entity_type) AS entity_types, array_agg(x.entity_id) AS entity_ids,
-               array_agg(x.version) AS versions
-        FROM (SELECT h.entity_type, h.entity_id, max(h.version) AS version
-              FROM shard_directory.shard_directory_history h
-              WHERE c.complete AND h.version > since
-              GROUP BY h.entity_type, h.entity_id) x) k
+#variable_conflict use_column
+-- PL/pgSQL, not SQL: its plans are kept for the session (every router's watcher calls this on
+-- every change), and a STABLE function's statements share the calling query's snapshot.
+BEGIN
+    SELECT v.version, extract(epoch FROM now() - v.updated_at)::float8
+      INTO version, age
+      FROM shard_directory.shard_directory_version v;
+    complete := since >= version
+        OR ((SELECT count(*) FROM (
+                SELECT FROM shard_directory.shard_directory_history h
+                WHERE h.version > since LIMIT max_changes + 1) n) <= max_changes
+            AND EXISTS (SELECT FROM shard_directory.shard_directory_history h
+                        WHERE h.version <= since + 1));
+    IF complete AND since < version THEN
+        SELECT array_agg(x.entity_type), array_agg(x.entity_id), array_agg(x.version)
+          INTO entity_types, entity_ids, versions
+          FROM (SELECT h.entity_type, h.entity_id, max(h.version) AS version
+                FROM shard_directory.shard_directory_history h
+                WHERE h.version > since
+                GROUP BY h.entity_type, h.entity_id) x;
+    END IF;
+END
 $$;
 
 -- A shard's region change is checked against the entries placed on it.

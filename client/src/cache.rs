@@ -74,6 +74,8 @@ pub(crate) struct Cache {
     epoch: AtomicU64,
     /// Serialises the writers of the known version (advances, flushes, adoptions).
     advancing: Mutex<()>,
+    /// The known version, for whoever waits for one.
+    announce: tokio::sync::watch::Sender<i64>,
     max_entries: usize,
 }
 
@@ -103,6 +105,7 @@ impl Cache {
             version: AtomicI64::new(version),
             epoch: AtomicU64::new(0),
             advancing: Mutex::new(()),
+            announce: tokio::sync::watch::Sender::new(version),
             max_entries: max_entries.max(1),
         }
     }
@@ -148,8 +151,19 @@ impl Cache {
             return false;
         }
         self.epoch.fetch_add(1, SeqCst);
-        self.version.store(version, SeqCst);
+        self.raise(version);
         true
+    }
+
+    /// Publishes `version` as the known one (the caller holds the turn).
+    fn raise(&self, version: i64) {
+        self.version.store(version, SeqCst);
+        self.announce.send_replace(version);
+    }
+
+    /// The known version as it changes.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<i64> {
+        self.announce.subscribe()
     }
 
     /// Learns that the directory is at `to` and that the keys in `changed` (each with the latest
@@ -197,7 +211,7 @@ impl Cache {
             }
         }
         interleave(Step::Marked);
-        self.version.store(to, SeqCst);
+        self.raise(to);
         // A fill that read before a change now finds the known version past its read.
         for (key, at) in tombstones {
             // Unless a fill that read at or after the change replaced it.
@@ -216,7 +230,7 @@ impl Cache {
             return false;
         }
         self.epoch.fetch_add(1, SeqCst);
-        self.version.store(version, SeqCst);
+        self.raise(version);
         true
     }
 

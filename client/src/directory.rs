@@ -440,6 +440,21 @@ impl Directory {
         self.inner.cache.version()
     }
 
+    /// Waits until this client knows directory version `version` or a later one: after a
+    /// directory change the application made itself (whose statement returned the version),
+    /// before routing by it. Bound it with a timeout: a version the directory never reaches is
+    /// never known.
+    pub async fn wait_for_version(&self, version: i64) {
+        let mut known = self.inner.cache.subscribe();
+        // The sender lives as long as the cache this Directory holds: never closed here.
+        let _ = known.wait_for(|v| *v >= version).await;
+    }
+
+    /// The directory version this client knows, as it changes (a `tokio::sync::watch`).
+    pub fn version_changes(&self) -> tokio::sync::watch::Receiver<i64> {
+        self.inner.cache.subscribe()
+    }
+
     /// Whether the watcher's connection is up.
     pub fn is_connected(&self) -> bool {
         self.inner.watch.connected()

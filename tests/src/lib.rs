@@ -2,6 +2,7 @@
 //! `initdb` + `pg_ctl` on free ports, as the `postgres` user when run as root, stopped on drop
 //! (also when a test panics).
 
+pub mod chart;
 mod cluster;
 pub mod pgbench;
 pub mod pgbouncer;
@@ -12,6 +13,13 @@ mod wait;
 pub use cluster::{Cluster, Frozen, Listener};
 pub use topology::{reaches, Topology};
 pub use wait::eventually;
+
+/// Where the benchmarks write their results (`bench-results/` at the workspace's root).
+pub fn results_dir() -> std::path::PathBuf {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench-results");
+    std::fs::create_dir_all(&dir).expect("create bench-results/");
+    dir
+}
 
 /// The `shard-directory` CLI, built beside the test binaries (`scripts/test.sh` builds it first:
 /// `cargo build -p shard-directory-mover --bin shard-directory`).

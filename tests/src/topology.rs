@@ -197,10 +197,13 @@ impl Topology {
 
 /// Waits (with a deadline) until the client knows directory version `version` or a later one.
 pub async fn reaches(d: &Directory, version: i64) {
-    eventually(
-        &format!("the client to reach version {version}"),
-        Duration::from_secs(15),
-        || async { (d.version() >= version).then_some(()) },
-    )
-    .await;
+    let deadline = Duration::from_secs(15);
+    tokio::time::timeout(deadline, d.wait_for_version(version))
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the client did not reach version {version} within {deadline:?} (it knows {})",
+                d.version()
+            )
+        });
 }

@@ -90,10 +90,6 @@ async fn main() {
         )
         .await
         .unwrap();
-        eprintln!(
-            "lookup future: {} bytes",
-            std::mem::size_of_val(&d.lookup("tenant", "1"))
-        );
         let ids: Vec<String> = (1..=entries).map(|i| i.to_string()).collect();
         let found: Vec<Arc<Entry>> = futures_util::stream::iter(&ids)
             .map(|id| {

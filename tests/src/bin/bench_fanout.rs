@@ -1,0 +1,215 @@
+//! Invalidation latency: from a directory change (the INSERT sent, committed) to every one of N
+//! client instances knowing the new version, N in 1, 16, 64, 256, the instances spread over
+//! four OS processes (this binary re-run as `worker`), each instance with its own `Directory`
+//! (watcher connection, LISTEN, `changes_since`). One change at a time; p50, p99 and max over
+//! `BENCH_CHANGES` changes (200) of the time the last instance took, and of every instance's
+//! time. Writes every sample to `bench-results/fanout.csv` and a chart of the distribution to
+//! `bench-results/fanout.svg`. The guide quotes ~50 ms; the goal is p99 < 10 ms at 256.
+//!
+//! Run with `bash scripts/bench.sh fanout` (`BENCH_INSTANCES`, e.g. `1,16`, picks the sizes).
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use shard_directory_client::{Directory, DirectoryConfig};
+use shard_directory_e2e::{results_dir, Cluster};
+
+const PROCESSES: usize = 4;
+
+fn unix_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// A worker: `instances` directories on `conn`; prints `ready`, then `<instance> <version>
+/// <unix ns>` each time an instance learns a version.
+async fn worker(conn: &str, instances: usize) {
+    let mut handles = Vec::new();
+    for i in 0..instances {
+        let d = Directory::connect(conn.parse().unwrap(), DirectoryConfig::default())
+            .await
+            .unwrap();
+        let mut known = d.version_changes();
+        handles.push(tokio::spawn(async move {
+            let _keep = d;
+            while known.changed().await.is_ok() {
+                let v = *known.borrow_and_update();
+                let line = format!("{i} {v} {}\n", unix_ns());
+                std::io::stdout().lock().write_all(line.as_bytes()).unwrap();
+            }
+        }));
+    }
+    println!("ready");
+    for h in handles {
+        h.await.unwrap();
+    }
+}
+
+/// p-quantile of sorted `v`.
+fn quantile(v: &[f64], q: f64) -> f64 {
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+struct Workers(Vec<Child>);
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Runs `changes` changes against `n` instances; returns, per change, every instance's latency
+/// in ms.
+async fn run(cluster: &Cluster, n: usize, changes: usize) -> Vec<Vec<f64>> {
+    let (tx, rx) = mpsc::channel::<(usize, i64, u128)>();
+    let mut workers = Workers(Vec::new());
+    let processes = PROCESSES.min(n);
+    let (ready_tx, ready_rx) = mpsc::channel();
+    for p in 0..processes {
+        let count = n / processes + usize::from(p < n % processes);
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["worker", &cluster.conn_str("bench"), &count.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let (tx, ready_tx) = (tx.clone(), ready_tx.clone());
+        // Instances are numbered across processes.
+        let base = p * 1_000_000;
+        std::thread::spawn(move || {
+            for line in out.lines() {
+                let line = line.unwrap();
+                if line == "ready" {
+                    ready_tx.send(()).unwrap();
+                    continue;
+                }
+                let mut f = line.split(' ');
+                let mut next = || f.next().unwrap().parse::<u128>().unwrap();
+                let (i, v, t) = (next(), next(), next());
+                if tx.send((base + i as usize, v as i64, t)).is_err() {
+                    return;
+                }
+            }
+        });
+        workers.0.push(child);
+    }
+    for _ in 0..processes {
+        ready_rx.recv_timeout(Duration::from_secs(120)).unwrap();
+    }
+    let c = cluster.connect("bench").await;
+    let insert = c
+        .prepare(
+            "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) \
+             VALUES ('tenant', $1, 'shard_1')",
+        )
+        .await
+        .unwrap();
+    let version = c
+        .prepare("SELECT shard_directory.current_version()")
+        .await
+        .unwrap();
+    let mut per_change = Vec::new();
+    for k in 0..changes {
+        let started = unix_ns();
+        c.execute(&insert, &[&format!("{n}-{k}")]).await.unwrap();
+        let v: i64 = c.query_one(&version, &[]).await.unwrap().get(0);
+        let mut seen: HashMap<usize, f64> = HashMap::new();
+        while seen.len() < n {
+            let (i, at, t) = rx
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|_| panic!("{} of {n} instances saw version {v}", seen.len()));
+            if at >= v {
+                seen.entry(i)
+                    .or_insert((t.saturating_sub(started)) as f64 / 1e6);
+            }
+        }
+        per_change.push(seen.into_values().collect());
+    }
+    per_change
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("worker") {
+        return worker(&args[2], args[3].parse().unwrap()).await;
+    }
+    let sizes: Vec<usize> = std::env::var("BENCH_INSTANCES")
+        .unwrap_or_else(|_| "1,16,64,256".into())
+        .split(',')
+        .map(|n| {
+            n.trim()
+                .parse()
+                .expect("BENCH_INSTANCES: counts separated by commas")
+        })
+        .collect();
+    let changes: usize = std::env::var("BENCH_CHANGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let most = sizes.iter().max().copied().unwrap_or(1);
+    // Two connections per instance (the watcher's and one store connection) and room to spare.
+    let connections = (2 * most + 20).to_string();
+    let cluster = Cluster::start("bench-fanout", &[("max_connections", &connections)]);
+    cluster.create_database_with_extension("bench").await;
+    cluster
+        .connect("bench")
+        .await
+        .batch_execute("INSERT INTO shard_directory.shards (shard_name) VALUES ('shard_1')")
+        .await
+        .unwrap();
+    println!(
+        "invalidation latency, ms from the change sent to the instances knowing its version \
+         ({changes} changes, instances over {PROCESSES} processes)"
+    );
+    println!("| instances | all know: p50 | p99 | max | each instance: p50 | p99 | max |");
+    println!("|---|---|---|---|---|---|---|");
+    let mut csv = String::from("instances,change,latency_ms\n");
+    let mut series = Vec::new();
+    for n in sizes {
+        let per_change = run(&cluster, n, changes).await;
+        let mut last: Vec<f64> = per_change
+            .iter()
+            .map(|c| c.iter().copied().fold(0.0, f64::max))
+            .collect();
+        let mut each: Vec<f64> = per_change.iter().flatten().copied().collect();
+        for (k, c) in per_change.iter().enumerate() {
+            for l in c {
+                csv.push_str(&format!("{n},{k},{l:.3}\n"));
+            }
+        }
+        last.sort_by(f64::total_cmp);
+        each.sort_by(f64::total_cmp);
+        println!(
+            "| {n} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
+            quantile(&last, 0.5),
+            quantile(&last, 0.99),
+            quantile(&last, 1.0),
+            quantile(&each, 0.5),
+            quantile(&each, 0.99),
+            quantile(&each, 1.0),
+        );
+        series.push((n, last));
+    }
+    let dir = results_dir();
+    std::fs::write(dir.join("fanout.csv"), csv).unwrap();
+    shard_directory_e2e::chart::cdf(
+        &dir.join("fanout.svg"),
+        "COMMIT to every instance knowing the version",
+        "ms until the last instance knew",
+        &series,
+    );
+    println!(
+        "samples: {}; chart: {}",
+        dir.join("fanout.csv").display(),
+        dir.join("fanout.svg").display()
+    );
+}
