@@ -7,13 +7,14 @@
 #   lookup     a cache hit against a Mutex<HashMap> of the same entries
 #   fanout     COMMIT to every one of N client instances (over 4 processes) knowing the version
 #   poll       the read every instance makes per change: the version row vs changes_since()
+#   recovery   a write on a stale route (moved, re-pointed) to its committed retry vs a current one
 # No argument runs them all. --quick runs each for a few seconds at smaller sizes (a few minutes
 # in all). Every run writes its output, with the date and the machine, to
 # bench-results/results.md (and bench-results/results-quick.md), and `fanout` its samples and a
 # chart (bench-results/fanout.{csv,svg}).
 # Settings: BENCH_SECONDS, BENCH_ROUNDS (check, directory; BENCH_SECONDS also churn), BENCH_CLIENTS
 # (check), BENCH_MOVES (move), BENCH_ENTRIES (churn; lookup: sizes, comma-separated),
-# BENCH_INSERTS (churn), BENCH_INSTANCES and BENCH_CHANGES (fanout).
+# BENCH_INSERTS (churn), BENCH_INSTANCES and BENCH_CHANGES (fanout), BENCH_TRIALS (recovery).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,7 +24,7 @@ if [ "${1:-}" = --quick ]; then
   results=bench-results/results-quick.md
   export BENCH_SECONDS=${BENCH_SECONDS:-3} BENCH_ROUNDS=${BENCH_ROUNDS:-1} BENCH_MOVES=${BENCH_MOVES:-1}
   export BENCH_ENTRIES=${BENCH_ENTRIES:-100000} BENCH_CHANGES=${BENCH_CHANGES:-50}
-  export BENCH_INSTANCES=${BENCH_INSTANCES:-1,16,64}
+  export BENCH_INSTANCES=${BENCH_INSTANCES:-1,16,64} BENCH_TRIALS=${BENCH_TRIALS:-10}
 fi
 
 bash scripts/setup.sh
@@ -39,7 +40,7 @@ mkdir -p bench-results
   echo "Command: bash scripts/bench.sh ${*:-}$( [ "$results" = bench-results/results-quick.md ] && echo ' (--quick)')"
   echo
 } > "$results"
-for bench in ${@:-check move directory churn lookup fanout poll}; do
+for bench in ${@:-check move directory churn lookup fanout poll recovery}; do
   echo "## $bench" >> "$results"
   echo >> "$results"
   "target/release/bench_$bench" | tee -a "$results"
