@@ -42,6 +42,7 @@ async fn main() {
         .unwrap_or(30);
     let t = Topology::start("bench-recovery").await;
     t.add_tenant("current", "shard_1").await;
+    t.add_tenant("bystander", "shard_2").await;
     for k in 0..trials {
         t.add_tenant(&format!("moved-{k}"), "shard_1").await;
         t.add_tenant(&format!("repointed-{k}"), "shard_1").await;
@@ -51,6 +52,8 @@ async fn main() {
         .poll_interval(Duration::from_secs(3600));
     let router = t.router(t.client_directory(deaf).await);
     let (mut current, mut moved, mut repointed) = (Vec::new(), Vec::new(), Vec::new());
+    // Cached before the trials: a miss would read the directory and teach the client the move.
+    write(&router, "bystander").await;
     let mut dba = t.dba().await;
     let source = t.shard("shard_1").await;
     for k in 0..trials {
@@ -60,8 +63,13 @@ async fn main() {
         for tenant in [m.as_str(), r.as_str(), "current"] {
             write(&router, tenant).await;
         }
-        t.move_tenant(&m, "shard_2").await;
+        let cutover = t.move_tenant(&m, "shard_2").await;
+        // The mover's work invalidated the target's cached plans: another tenant's write there
+        // takes the replanning, which is the move's cost, not the recovery's.
+        write(&router, "bystander").await;
         moved.push(write(&router, &m).await);
+        // The refusal sent the watcher to read what changed: let it finish before the re-point.
+        router.directory().wait_for_version(cutover).await;
         current.push(write(&router, "current").await);
         let tx = dba.transaction().await.unwrap();
         tx.batch_execute("SET LOCAL shard_directory.allow_repoint = on")
