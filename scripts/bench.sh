@@ -10,18 +10,18 @@
 #   recovery   a write on a stale route (moved, re-pointed) to its committed retry vs a current one
 # No argument runs them all. --quick runs each for a few seconds at smaller sizes (a few minutes
 # in all). Every run writes its output, with the date and the machine, to
-# bench-results/results.md (and bench-results/results-quick.md), and `fanout` its samples and a
-# chart (bench-results/fanout.{csv,svg}).
+# bench-results/results.md, and `fanout` its samples and a chart (bench-results/fanout.{csv,svg});
+# --quick writes under bench-results/quick/ instead.
 # Settings: BENCH_SECONDS, BENCH_ROUNDS (check, directory; BENCH_SECONDS also churn), BENCH_CLIENTS
 # (check), BENCH_MOVES (move), BENCH_ENTRIES (churn; lookup: sizes, comma-separated),
 # BENCH_INSERTS (churn), BENCH_INSTANCES and BENCH_CHANGES (fanout), BENCH_TRIALS (recovery).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-results=bench-results/results.md
+export BENCH_RESULTS=bench-results
 if [ "${1:-}" = --quick ]; then
   shift
-  results=bench-results/results-quick.md
+  export BENCH_RESULTS=bench-results/quick
   export BENCH_SECONDS=${BENCH_SECONDS:-3} BENCH_ROUNDS=${BENCH_ROUNDS:-1} BENCH_MOVES=${BENCH_MOVES:-1}
   export BENCH_ENTRIES=${BENCH_ENTRIES:-100000} BENCH_CHANGES=${BENCH_CHANGES:-50}
   export BENCH_INSTANCES=${BENCH_INSTANCES:-1,16,64} BENCH_TRIALS=${BENCH_TRIALS:-10}
@@ -31,13 +31,14 @@ bash scripts/setup.sh
 bash scripts/install-extension.sh --release
 cargo build -q --release -p shard-directory-e2e --bins
 
-mkdir -p bench-results
+results=$BENCH_RESULTS/results.md
+mkdir -p "$BENCH_RESULTS"
 {
   echo "# Benchmark results"
   echo
   echo "$(date -u '+%Y-%m-%d %H:%M UTC'); $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), $(free -g | awk '/^Mem:/ {print $2}') GiB;" \
     "$(/usr/lib/postgresql/15/bin/postgres --version); $(rustc --version | cut -d' ' -f1-2)"
-  echo "Command: bash scripts/bench.sh ${*:-}$( [ "$results" = bench-results/results-quick.md ] && echo ' (--quick)')"
+  echo "Command: bash scripts/bench.sh $( [ "$BENCH_RESULTS" = bench-results/quick ] && echo '--quick ')${*:-}"
   echo
 } > "$results"
 for bench in ${@:-check move directory churn lookup fanout poll recovery}; do

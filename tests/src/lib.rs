@@ -14,9 +14,13 @@ pub use cluster::{Cluster, Frozen, Listener};
 pub use topology::{reaches, Topology};
 pub use wait::eventually;
 
-/// Where the benchmarks write their results (`bench-results/` at the workspace's root).
+/// Where the benchmarks write their results: `BENCH_RESULTS` (relative to the workspace's root),
+/// `bench-results/` by default.
 pub fn results_dir() -> std::path::PathBuf {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench-results");
+    let under = std::env::var("BENCH_RESULTS").unwrap_or_else(|_| "bench-results".into());
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(under);
     std::fs::create_dir_all(&dir).expect("create bench-results/");
     dir
 }
