@@ -14,6 +14,45 @@ pub use cluster::{Cluster, Frozen, Listener};
 pub use topology::{reaches, Topology};
 pub use wait::eventually;
 
+/// A benchmark's directory: a throwaway cluster with `settings`, database `bench` with the
+/// extension and one shard registered (`shard_1`, no cluster behind it), and a DBA's connection.
+pub async fn bench_directory(
+    name: &str,
+    settings: &[(&str, &str)],
+) -> (Cluster, tokio_postgres::Client) {
+    let cluster = Cluster::start(name, settings);
+    cluster.create_database_with_extension("bench").await;
+    let dba = cluster.connect("bench").await;
+    dba.batch_execute("INSERT INTO shard_directory.shards (shard_name) VALUES ('shard_1')")
+        .await
+        .expect("register shard_1");
+    (cluster, dba)
+}
+
+/// A benchmark's setting from the environment variable `name`, or `default` when it is unset;
+/// a value that does not parse is an error that names the variable.
+pub fn setting<T: std::str::FromStr>(name: &str, default: T) -> T {
+    match std::env::var(name) {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v}: not a {}", std::any::type_name::<T>())),
+        Err(_) => default,
+    }
+}
+
+/// A benchmark's list of sizes from `name` (comma-separated), or `default`.
+pub fn sizes(name: &str, default: &str) -> Vec<usize> {
+    let list = std::env::var(name).unwrap_or_else(|_| default.into());
+    list.split(',')
+        .map(|n| {
+            n.trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("{name}={list}: sizes separated by commas"))
+        })
+        .collect()
+}
+
 /// Where the benchmarks write their results: `BENCH_RESULTS` (relative to the workspace's root),
 /// `bench-results/` by default.
 pub fn results_dir() -> std::path::PathBuf {

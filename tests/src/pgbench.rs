@@ -7,11 +7,8 @@ use crate::Cluster;
 /// How long each run lasts (`BENCH_SECONDS`, 10 s) and how many interleaved rounds
 /// (`BENCH_ROUNDS`, 3).
 pub fn settings() -> (String, usize) {
-    let seconds = std::env::var("BENCH_SECONDS").unwrap_or_else(|_| "10".into());
-    let rounds = std::env::var("BENCH_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
+    let seconds = crate::setting("BENCH_SECONDS", 10u32).to_string();
+    let rounds = crate::setting("BENCH_ROUNDS", 3);
     (seconds, rounds)
 }
 

@@ -61,7 +61,7 @@ async fn per_call(c: &tokio_postgres::Client) {
 #[tokio::main]
 async fn main() {
     let (seconds, rounds) = pgbench::settings();
-    let clients = std::env::var("BENCH_CLIENTS").unwrap_or_else(|_| "4".into());
+    let clients = shard_directory_e2e::setting("BENCH_CLIENTS", 4u32).to_string();
 
     let cluster = Cluster::start("bench", &[("shared_preload_libraries", "shard_directory")]);
     cluster.create_database_with_extension("bench").await;

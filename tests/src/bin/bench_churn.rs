@@ -14,14 +14,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use shard_directory_client::{Directory, DirectoryConfig};
-use shard_directory_e2e::{reaches, Cluster};
-
-fn setting(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use shard_directory_e2e::{bench_directory, reaches, setting};
 
 /// Resident set size of this process, in bytes.
 fn rss() -> u64 {
@@ -44,15 +37,12 @@ async fn warm(d: &Directory, entries: u64) {
 
 #[tokio::main]
 async fn main() {
-    let entries = setting("BENCH_ENTRIES", 1_000_000);
-    let seconds = setting("BENCH_SECONDS", 20);
-    let per_second = setting("BENCH_INSERTS", 50);
-    let cluster = Cluster::start("bench-churn", &[]);
-    cluster.create_database_with_extension("bench").await;
-    let dba = cluster.connect("bench").await;
+    let entries = setting("BENCH_ENTRIES", 1_000_000u64);
+    let seconds = setting("BENCH_SECONDS", 20u64);
+    let per_second = setting("BENCH_INSERTS", 50u64);
+    let (cluster, dba) = bench_directory("bench-churn", &[]).await;
     dba.batch_execute(&format!(
-        "INSERT INTO shard_directory.shards (shard_name) VALUES ('shard_1'); \
-         INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) \
+        "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) \
            SELECT 'tenant', i::text, 'shard_1' FROM generate_series(1, {entries}) i; \
          CREATE ROLE version_only_router LOGIN; \
          GRANT USAGE ON SCHEMA shard_directory TO version_only_router; \

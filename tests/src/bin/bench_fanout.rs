@@ -15,7 +15,7 @@ use std::sync::mpsc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use shard_directory_client::{Directory, DirectoryConfig};
-use shard_directory_e2e::{results_dir, Cluster};
+use shard_directory_e2e::{bench_directory, results_dir, setting, sizes, Cluster};
 
 const PROCESSES: usize = 4;
 
@@ -142,30 +142,12 @@ async fn main() {
     if args.get(1).map(String::as_str) == Some("worker") {
         return worker(&args[2], args[3].parse().unwrap()).await;
     }
-    let sizes: Vec<usize> = std::env::var("BENCH_INSTANCES")
-        .unwrap_or_else(|_| "1,16,64,256".into())
-        .split(',')
-        .map(|n| {
-            n.trim()
-                .parse()
-                .expect("BENCH_INSTANCES: counts separated by commas")
-        })
-        .collect();
-    let changes: usize = std::env::var("BENCH_CHANGES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200);
+    let sizes = sizes("BENCH_INSTANCES", "1,16,64,256");
+    let changes: usize = setting("BENCH_CHANGES", 200);
     let most = sizes.iter().max().copied().unwrap_or(1);
     // Two connections per instance (the watcher's and one store connection) and room to spare.
     let connections = (2 * most + 20).to_string();
-    let cluster = Cluster::start("bench-fanout", &[("max_connections", &connections)]);
-    cluster.create_database_with_extension("bench").await;
-    cluster
-        .connect("bench")
-        .await
-        .batch_execute("INSERT INTO shard_directory.shards (shard_name) VALUES ('shard_1')")
-        .await
-        .unwrap();
+    let (cluster, _) = bench_directory("bench-fanout", &[("max_connections", &connections)]).await;
     println!(
         "invalidation latency, ms from the change sent to the instances knowing its version \
          ({changes} changes, instances over {PROCESSES} processes)"

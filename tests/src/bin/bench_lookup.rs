@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use futures_util::{FutureExt, StreamExt};
 use shard_directory_client::{Directory, DirectoryConfig, EntityKey, Entry};
-use shard_directory_e2e::Cluster;
+use shard_directory_e2e::{bench_directory, sizes};
 
 const BATCH: usize = 64;
 const SAMPLES: usize = 20_000;
@@ -51,21 +51,8 @@ fn measure(threads: usize, lookups: usize, run: &(dyn Fn(usize) + Sync)) -> (f64
 
 #[tokio::main]
 async fn main() {
-    let sizes: Vec<usize> = std::env::var("BENCH_ENTRIES")
-        .unwrap_or_else(|_| "10000,1000000".into())
-        .split(',')
-        .map(|n| {
-            n.trim()
-                .parse()
-                .expect("BENCH_ENTRIES: sizes separated by commas")
-        })
-        .collect();
-    let cluster = Cluster::start("bench-lookup", &[]);
-    cluster.create_database_with_extension("bench").await;
-    let dba = cluster.connect("bench").await;
-    dba.batch_execute("INSERT INTO shard_directory.shards (shard_name) VALUES ('shard_1')")
-        .await
-        .unwrap();
+    let sizes = sizes("BENCH_ENTRIES", "10000,1000000");
+    let (cluster, dba) = bench_directory("bench-lookup", &[]).await;
     println!(
         "cache hit by random existing key, ns per lookup (p50 / p99 over samples of {BATCH}), \
          side by side with a Mutex<HashMap> of the same entries"

@@ -97,10 +97,7 @@ async fn plain_copy(t: &Topology, from: &str, to: &str) -> (Duration, u64) {
 
 #[tokio::main]
 async fn main() {
-    let moves: usize = std::env::var("BENCH_MOVES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
+    let moves: usize = shard_directory_e2e::setting("BENCH_MOVES", 5);
     println!("starting a directory and two shards ...");
     let t = Topology::start("bench-move").await;
     t.add_tenant("big", "shard_1").await;

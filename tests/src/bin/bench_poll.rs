@@ -5,17 +5,12 @@
 //!
 //! Run with `bash scripts/bench.sh poll`.
 
-use shard_directory_e2e::{pgbench, Cluster};
+use shard_directory_e2e::pgbench;
 
 #[tokio::main]
 async fn main() {
     let (seconds, rounds) = pgbench::settings();
-    let cluster = Cluster::start("bench-poll", &[]);
-    cluster.create_database_with_extension("bench").await;
-    let c = cluster.connect("bench").await;
-    c.batch_execute("INSERT INTO shard_directory.shards (shard_name) VALUES ('shard_1')")
-        .await
-        .unwrap();
+    let (cluster, c) = shard_directory_e2e::bench_directory("bench-poll", &[]).await;
     // Ten changes: versions 1 to 10, so changes_since(9) reads one.
     for i in 1..=10 {
         c.execute(

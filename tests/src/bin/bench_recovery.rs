@@ -36,10 +36,7 @@ fn summary(mut v: Vec<f64>) -> (f64, f64) {
 
 #[tokio::main]
 async fn main() {
-    let trials: usize = std::env::var("BENCH_TRIALS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(30);
+    let trials: usize = shard_directory_e2e::setting("BENCH_TRIALS", 30);
     let t = Topology::start("bench-recovery").await;
     t.add_tenant("current", "shard_1").await;
     t.add_tenant("bystander", "shard_2").await;
