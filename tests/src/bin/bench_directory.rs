@@ -1,7 +1,8 @@
 //! The directory's write path: one entry's region changed per transaction, under pgbench, on a
-//! plain table (no trigger), the guide's PL/pgSQL statement trigger (bump and notify) and the
-//! extension (guard, stamp, history, bump, notify), side by side in one database, at 1 and 2
-//! clients, in interleaved rounds, median TPS of each and its ratio to the plain table.
+//! plain table (no trigger), the guide's PL/pgSQL statement trigger (bump and notify), the guide's
+//! trigger plus the extension's rules written in PL/pgSQL (`rules`: shard and region check,
+//! stamp, history row) and the extension (the same, native), side by side in one database, at 1
+//! and 2 clients, in interleaved rounds, median TPS of each and its ratio to the plain table.
 //!
 //! Run with `bash scripts/bench.sh directory` (installs a release build first).
 
@@ -16,7 +17,7 @@ async fn main() {
     let c = cluster.connect("bench").await;
     c.batch_execute(&setup).await.unwrap();
     c.batch_execute("VACUUM ANALYZE").await.unwrap();
-    let variants: Vec<_> = ["plain", "guide", "extension"]
+    let variants: Vec<_> = ["plain", "guide", "rules", "extension"]
         .iter()
         .map(|v| (*v, pgbench::script(&format!("directory_update_{v}.sql"))))
         .collect();
