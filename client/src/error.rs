@@ -68,6 +68,18 @@ pub enum Error {
         #[source]
         source: deadpool_postgres::PoolError,
     },
+    /// The connection to a shard was lost at `step`: `"begin"` or `"stamp"` (the transaction
+    /// did not commit: retryable) or `"commit"` (it may have committed: not retryable blindly).
+    #[error("connection to shard \"{shard}\" lost at {step}: {source}")]
+    ShardConnection {
+        /// The shard.
+        shard: String,
+        /// Where the transaction was.
+        step: &'static str,
+        /// The connection's error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
     /// Any other database error, returned untouched.
     #[error(transparent)]
     Db(#[from] tokio_postgres::Error),
@@ -95,6 +107,7 @@ impl Error {
             | Error::FailClosed { .. }
             | Error::Rejected { .. }
             | Error::ShardUnavailable { .. } => true,
+            Error::ShardConnection { step, .. } => *step != "commit",
             Error::Db(e) | Error::Directory(e) => transient(e),
             Error::UnknownEntity(_) | Error::UnknownShard { .. } | Error::Config(_) => false,
         }
@@ -105,15 +118,26 @@ impl Error {
 /// shutting down, too many connections, or a connection that failed or closed.
 fn transient(e: &tokio_postgres::Error) -> bool {
     use tokio_postgres::error::SqlState;
-    match e.code() {
-        Some(code) => {
+    connection_lost(e)
+        || e.code().is_some_and(|code| {
             [
                 SqlState::T_R_SERIALIZATION_FAILURE,
                 SqlState::T_R_DEADLOCK_DETECTED,
+                SqlState::TOO_MANY_CONNECTIONS,
+            ]
+            .contains(code)
+        })
+}
+
+/// Whether `e` says the connection is gone (closed, I/O, the server shutting down, 08xxx).
+pub(crate) fn connection_lost(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    match e.code() {
+        Some(code) => {
+            [
                 SqlState::ADMIN_SHUTDOWN,
                 SqlState::CRASH_SHUTDOWN,
                 SqlState::CANNOT_CONNECT_NOW,
-                SqlState::TOO_MANY_CONNECTIONS,
             ]
             .contains(code)
                 || code.code().starts_with("08")

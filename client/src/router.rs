@@ -546,7 +546,10 @@ impl Router {
         if let Some(level) = options.isolation {
             begin = begin.isolation_level(level);
         }
-        let tx = begin.start().await.map_err(Attempt::db)?;
+        let tx = begin
+            .start()
+            .await
+            .map_err(|e| Attempt::db(shard, "begin", e))?;
         // One round trip: prepared once per connection, or unnamed.
         let version = version.to_string();
         let params: [(&(dyn ToSql + Sync), Type); 3] = [
@@ -557,10 +560,12 @@ impl Router {
         statements
             .query(&tx, &*tx, stamp, params)
             .await
-            .map_err(Attempt::db)?;
+            .map_err(|e| Attempt::db(shard, "stamp", e))?;
         match f(&tx).await {
             Ok(out) => {
-                tx.commit().await.map_err(Attempt::db)?;
+                tx.commit()
+                    .await
+                    .map_err(|e| Attempt::db(shard, "commit", e))?;
                 Ok(out)
             }
             Err(e) => {
@@ -622,9 +627,16 @@ enum Refusal<E> {
 }
 
 impl<E: 'static> Attempt<E> {
-    fn db(e: tokio_postgres::Error) -> Self {
+    /// An error of this crate's own statement at `step` on `shard`: a refusal, a lost
+    /// connection (named), or any other database error.
+    fn db(shard: &str, step: &'static str, e: tokio_postgres::Error) -> Self {
         match Rejection::of(&e) {
             Some(r) => Attempt::Refused(r, Refusal::Ours(e)),
+            None if crate::error::connection_lost(&e) => Attempt::Fatal(Error::ShardConnection {
+                shard: shard.to_owned(),
+                step,
+                source: e,
+            }),
             None => Attempt::Fatal(Error::Db(e)),
         }
     }
