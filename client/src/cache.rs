@@ -79,6 +79,17 @@ pub(crate) struct Cache {
     max_entries: usize,
 }
 
+/// What learning a version did to the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Advanced {
+    /// The cache knew that version already.
+    NoNews,
+    /// Only the entries of the keys that changed were retired.
+    ByEntity,
+    /// Every entry was retired.
+    Flushed,
+}
+
 /// What the cache holds for a key.
 pub(crate) enum Lookup {
     /// Current as of `stamp` (the known version, or the entry's read if newer): `None` when the
@@ -139,22 +150,6 @@ impl Cache {
         self.advancing.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Learns that the directory is at `version` without knowing what changed: every entry is
-    /// retired. Returns whether that was news.
-    pub fn flush(&self, version: i64) -> bool {
-        let _turn = self.lock();
-        self.flush_locked(version)
-    }
-
-    fn flush_locked(&self, version: i64) -> bool {
-        if self.version.load(SeqCst) >= version {
-            return false;
-        }
-        self.epoch.fetch_add(1, SeqCst);
-        self.raise(version);
-        true
-    }
-
     /// Publishes `version` as the known one (the caller holds the turn).
     fn raise(&self, version: i64) {
         self.version.store(version, SeqCst);
@@ -168,18 +163,20 @@ impl Cache {
 
     /// Learns that the directory is at `to` and that the keys in `changed` (each with the latest
     /// version that changed it) are all that changed after `from`. Marks those keys, then raises
-    /// the known version; every other entry stays current. When the known version is below
-    /// `from` (it went back meanwhile), the list does not cover the gap: flushes instead.
-    /// Returns whether `to` was news.
-    pub fn advance(&self, from: i64, to: i64, changed: &[(EntityKey, i64)]) -> bool {
+    /// the known version; every other entry stays current. Without a list (the directory could
+    /// not say what changed), or when the known version is below `from` (it went back meanwhile,
+    /// so the list does not cover the gap), every entry is retired instead.
+    pub fn advance(&self, from: i64, to: i64, changed: Option<&[(EntityKey, i64)]>) -> Advanced {
         let _turn = self.lock();
         let known = self.version.load(SeqCst);
         if known >= to {
-            return false;
+            return Advanced::NoNews;
         }
-        if known < from {
-            return self.flush_locked(to);
-        }
+        let Some(changed) = changed.filter(|_| known >= from) else {
+            self.epoch.fetch_add(1, SeqCst);
+            self.raise(to);
+            return Advanced::Flushed;
+        };
         let epoch = self.epoch.load(SeqCst);
         let map = self.map.pin();
         let mut tombstones = Vec::new();
@@ -217,7 +214,7 @@ impl Cache {
             // Unless a fill that read at or after the change replaced it.
             let _ = map.remove_if(key, |_, c| c.entry.is_none() && c.changed_at == Some(at));
         }
-        true
+        Advanced::ByEntity
     }
 
     /// The directory stands at `version`, below the `known` version this cache learned from it
@@ -298,6 +295,11 @@ mod tests {
     use crate::entry::{KeyRef, State};
     use std::sync::atomic::AtomicBool;
 
+    /// A version learned without a list of what changed.
+    fn flush(cache: &Cache, version: i64) -> bool {
+        cache.advance(version, version, None) == Advanced::Flushed
+    }
+
     fn fill(cache: &Cache, entry: Arc<Entry>) -> bool {
         let at = entry.directory_version;
         cache.fill(&entry.key.clone(), Some(entry), at)
@@ -322,8 +324,8 @@ mod tests {
         assert!(
             matches!(cache.get(&EntityKey::new("tenant", "1")), Lookup::Current { entry: Some(e), .. } if e.shard_name == "s1")
         );
-        assert!(cache.flush(2));
-        assert!(!cache.flush(2), "the same version twice is no news");
+        assert!(flush(&cache, 2));
+        assert!(!flush(&cache, 2), "the same version twice is no news");
         assert!(matches!(
             cache.get(&EntityKey::new("tenant", "1")),
             Lookup::Stale(_)
@@ -333,7 +335,7 @@ mod tests {
     #[test]
     fn a_fill_read_before_the_known_version_is_refused() {
         let cache = Cache::new(1, 100);
-        cache.flush(3);
+        flush(&cache, 3);
         assert!(!fill(&cache, entry("s1", 2)));
         assert!(matches!(
             cache.get(&EntityKey::new("tenant", "1")),
@@ -345,7 +347,7 @@ mod tests {
     #[test]
     fn a_lower_version_is_adopted_only_from_the_version_it_was_compared_with() {
         let cache = Cache::new(1, 100);
-        cache.flush(9);
+        flush(&cache, 9);
         assert!(fill(&cache, entry("s1", 9)));
         assert!(!cache.adopt_lower(8, 4), "the known version is 9, not 8");
         assert!(cache.adopt_lower(9, 4));
@@ -366,7 +368,7 @@ mod tests {
             cache.get(&key),
             Lookup::Current { entry: None, .. }
         ));
-        cache.flush(2);
+        flush(&cache, 2);
         assert!(matches!(cache.get(&key), Lookup::Absent));
     }
 
@@ -377,7 +379,7 @@ mod tests {
         for i in 0..5 {
             assert!(cache.fill(&key(i), None, 1));
         }
-        cache.flush(2);
+        flush(&cache, 2);
         for i in 5..11 {
             assert!(cache.fill(&key(i), None, 2));
         }
@@ -410,15 +412,19 @@ mod tests {
         let unknown = key(9);
         assert!(cache.fill(&unknown, None, 1));
         // Version 2 changed tenant 1; version 3 inserted tenant 9.
-        assert!(cache.advance(1, 3, &[(key(1), 2), (unknown.clone(), 3)]));
+        assert_eq!(
+            cache.advance(1, 3, Some(&[(key(1), 2), (unknown.clone(), 3)])),
+            Advanced::ByEntity
+        );
         assert_eq!(cache.version(), 3);
         assert!(
             matches!(cache.get(&key(0)), Lookup::Current { entry: Some(e), stamp: 3 } if e.directory_version == 1)
         );
         assert!(matches!(cache.get(&key(1)), Lookup::Stale(_)));
         assert!(matches!(cache.get(&unknown), Lookup::Absent));
-        assert!(
-            !cache.advance(1, 3, &[]),
+        assert_eq!(
+            cache.advance(1, 3, Some(&[])),
+            Advanced::NoNews,
             "the same version twice is no news"
         );
         // A read at 3 replaces the retired entry.
@@ -447,7 +453,10 @@ mod tests {
         drop(_turn);
         // ...a tombstone refuses it although the known version (5) is not past its read yet.
         assert!(!cache.fill(&key(2), Some(at("s1", 2, 6)), 6));
-        assert!(cache.advance(5, 7, &[(key(1), 6)]));
+        assert_eq!(
+            cache.advance(5, 7, Some(&[(key(1), 6)])),
+            Advanced::ByEntity
+        );
         assert!(
             !cache.fill(&key(1), Some(at("s1", 1, 5)), 5),
             "read before the known version"
@@ -466,7 +475,7 @@ mod tests {
         assert!(cache.adopt_lower(9, 4));
         assert!(cache.fill(&key(1), Some(at("s1", 1, 4)), 4));
         // The list covers (9, 10], not (4, 9]: everything goes.
-        assert!(cache.advance(9, 10, &[]));
+        assert_eq!(cache.advance(9, 10, Some(&[])), Advanced::Flushed);
         assert!(matches!(cache.get(&key(1)), Lookup::Stale(_)));
     }
 
@@ -486,7 +495,10 @@ mod tests {
         at_step(Step::Marked, move || {
             seen.store(filler.fill(&key(1), Some(at("s1", 1, 5)), 5), SeqCst);
         });
-        assert!(cache.advance(5, 6, &[(key(1), 6)]));
+        assert_eq!(
+            cache.advance(5, 6, Some(&[(key(1), 6)])),
+            Advanced::ByEntity
+        );
         assert!(!stored.load(SeqCst), "the fill was stored");
         assert!(matches!(cache.get(&key(1)), Lookup::Absent));
         assert!(cache.fill(&key(1), Some(at("s2", 1, 6)), 6));
@@ -499,7 +511,10 @@ mod tests {
         let watcher = cache.clone();
         // The advance to 6, which changed the key, runs whole between the lookup's two reads.
         at_step(Step::VersionLoaded, move || {
-            assert!(watcher.advance(5, 6, &[(key(1), 6)]));
+            assert_eq!(
+                watcher.advance(5, 6, Some(&[(key(1), 6)])),
+                Advanced::ByEntity
+            );
         });
         match cache.get(&key(1)) {
             Lookup::Current { stamp, .. } => assert!(stamp < 6, "stamped {stamp}"),
@@ -571,13 +586,9 @@ mod tests {
                         changed.insert(*k, *v);
                     }
                     drop(d);
-                    if rounds.is_multiple_of(50) {
-                        cache.flush(to);
-                    } else {
-                        let changed: Vec<_> =
-                            changed.into_iter().map(|(k, v)| (key(k), v)).collect();
-                        cache.advance(since, to, &changed);
-                    }
+                    let changed: Vec<_> = changed.into_iter().map(|(k, v)| (key(k), v)).collect();
+                    let listed = (!rounds.is_multiple_of(50)).then_some(&changed[..]);
+                    cache.advance(since, to, listed);
                 }
             });
             for n in 0..2u64 {

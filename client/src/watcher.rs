@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use crate::cache::Cache;
+use crate::cache::{Advanced, Cache};
 use crate::directory::adopt_lower;
 use crate::metrics::Counters;
 use crate::pool::{self, Connector, Timeouts};
@@ -50,18 +50,10 @@ impl Watch {
     /// a refresh): retires the entries that changed, or all of them when the directory could not
     /// say which; counted and timed. Returns whether it was news.
     pub fn learned(&self, cache: &Cache, counters: &Counters, changes: &Changes) -> bool {
-        let news = match &changes.changed {
-            Some(changed) => cache.advance(changes.since, changes.version, changed),
-            None => {
-                let flushed = cache.flush(changes.version);
-                if flushed {
-                    counters.flushed();
-                }
-                flushed
-            }
-        };
-        if !news {
-            return false;
+        match cache.advance(changes.since, changes.version, changes.changed.as_deref()) {
+            Advanced::NoNews => return false,
+            Advanced::Flushed => counters.flushed(),
+            Advanced::ByEntity => {}
         }
         *self.last_invalidation.lock().expect("watch lock") = Some(SystemTime::now());
         counters.invalidated(changes.version, changes.age);
