@@ -98,8 +98,12 @@ pub(crate) enum Lookup {
         entry: Option<Arc<Entry>>,
         stamp: i64,
     },
-    /// Changed, or filled before a flush: only for serving during an outage.
+    /// Filled before a flush: it may still be current, but nothing says so; only for serving
+    /// during an outage.
     Stale(Arc<Entry>),
+    /// The directory changed the key after this entry was read: known to be wrong now, so not
+    /// served even during an outage.
+    Changed(Arc<Entry>),
     Absent,
 }
 
@@ -139,6 +143,12 @@ impl Cache {
                 entry: c.entry.clone(),
                 stamp: known.max(c.read_at),
             },
+            Some(Cached {
+                entry: Some(entry),
+                changed_at: Some(_),
+                epoch: at,
+                ..
+            }) if *at == epoch => Lookup::Changed(entry.clone()),
             Some(Cached {
                 entry: Some(entry), ..
             }) => Lookup::Stale(entry.clone()),
@@ -420,7 +430,7 @@ mod tests {
         assert!(
             matches!(cache.get(&key(0)), Lookup::Current { entry: Some(e), stamp: 3 } if e.directory_version == 1)
         );
-        assert!(matches!(cache.get(&key(1)), Lookup::Stale(_)));
+        assert!(matches!(cache.get(&key(1)), Lookup::Changed(_)));
         assert!(matches!(cache.get(&unknown), Lookup::Absent));
         assert_eq!(
             cache.advance(1, 3, Some(&[])),
@@ -518,10 +528,10 @@ mod tests {
         });
         match cache.get(&key(1)) {
             Lookup::Current { stamp, .. } => assert!(stamp < 6, "stamped {stamp}"),
-            Lookup::Stale(_) => {}
-            Lookup::Absent => panic!("the entry went"),
+            Lookup::Changed(_) => {}
+            other => panic!("the entry went: {}", matches!(other, Lookup::Absent)),
         }
-        assert!(matches!(cache.get(&key(1)), Lookup::Stale(_)));
+        assert!(matches!(cache.get(&key(1)), Lookup::Changed(_)));
     }
 
     /// The invariant under a race: writers change a simulated directory (each change bumps the

@@ -9,7 +9,7 @@ use crate::cache::{Cache, Lookup};
 use crate::entry::{EntityKey, Entry, KeyRef, State};
 use crate::error::{Error, Result};
 use crate::metrics::{Counters, Stats};
-use crate::policy::Policy;
+use crate::policy::{Cached, Policy};
 use crate::pool::Timeouts;
 use crate::statements::Statements;
 use crate::store::Store;
@@ -288,8 +288,9 @@ impl Directory {
             return answer;
         }
         let cached = match self.inner.cache.get(key) {
-            Lookup::Current { entry, .. } => entry,
-            Lookup::Stale(e) => Some(e),
+            Lookup::Current { entry, .. } => entry.map(Cached::Unchanged),
+            Lookup::Stale(e) => Some(Cached::Unchanged(e)),
+            Lookup::Changed(e) => Some(Cached::Changed(e)),
             Lookup::Absent => None,
         };
         let stamped = |e: Arc<Entry>| {
@@ -321,7 +322,7 @@ impl Directory {
                 stamp,
             } => Some(Ok((e, stamp))),
             Lookup::Current { entry: None, .. } => Some(Err(Error::UnknownEntity(owned(key)))),
-            Lookup::Stale(_) | Lookup::Absent => None,
+            Lookup::Stale(_) | Lookup::Changed(_) | Lookup::Absent => None,
         }
     }
 
@@ -338,7 +339,7 @@ impl Directory {
     }
 
     /// The store could not be reached (`cause`): the policy decides whether `cached` is served.
-    pub(crate) fn degraded(&self, cached: Option<Arc<Entry>>, cause: Error) -> Result<Arc<Entry>> {
+    pub(crate) fn degraded(&self, cached: Option<Cached>, cause: Error) -> Result<Arc<Entry>> {
         let entry = self.inner.policy.degraded(cached, || cause)?;
         self.inner.counters.served_stale();
         tracing::warn!(entity = %entry.key, version = entry.directory_version, "directory unreachable: serving the cached entry");

@@ -82,8 +82,14 @@ pub struct Stats {
     pub shared_cache_misses: u64,
     /// See [`names::VERSION_REGRESSIONS`].
     pub version_regressions: u64,
-    /// Shard rejections by reason: stale, missing, frozen, moved, serialization.
+    /// Shard rejections by reason: stale, missing, frozen, moved, serialization. In JSON, an
+    /// object (`jq .stats.rejections.moved`).
+    #[serde(serialize_with = "by_reason")]
     pub rejections: Vec<(String, u64)>,
+}
+
+fn by_reason<S: serde::Serializer>(pairs: &[(String, u64)], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_map(pairs.iter().map(|(r, n)| (r, n)))
 }
 
 impl Stats {

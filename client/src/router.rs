@@ -15,6 +15,7 @@ use tracing::Instrument;
 use crate::directory::Directory;
 use crate::entry::{EntityKey, Entry, State};
 use crate::error::{Error, Result};
+use crate::policy::Cached;
 use crate::pool::{self, Timeouts};
 use crate::rejection::Rejection;
 use crate::statements::Statements;
@@ -506,7 +507,7 @@ impl Router {
                         // decides, as for a lookup (FailClosed gives up here; ServeFromCache
                         // re-runs on the cached route after a backoff).
                         tracing::debug!(entity = %key, error = %e, "refresh failed during a retry");
-                        self.directory.degraded(Some(entry), e)?;
+                        self.directory.degraded(Some(Cached::Unchanged(entry)), e)?;
                         tokio::time::sleep(backoff).await;
                     }
                 }

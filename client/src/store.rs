@@ -93,12 +93,14 @@ pub(crate) struct Store {
     by_entity: AtomicBool,
 }
 
-/// A connection-level failure means "unreachable"; an error the server sent means it answered.
+/// A connection-level failure means "unreachable", and so does a server that answers only to
+/// say it is shutting down, starting up or cannot take connections (57P01-57P03, class 08): the
+/// outage policy covers both. Any other error the server sent means it answered.
 pub(crate) fn classify(e: tokio_postgres::Error) -> Error {
-    if e.as_db_error().is_some() {
-        Error::Directory(e)
-    } else {
+    if e.as_db_error().is_none() || crate::error::connection_lost(&e) {
         Error::DirectoryUnavailable(e)
+    } else {
+        Error::Directory(e)
     }
 }
 

@@ -4,15 +4,17 @@
 
 pub mod chart;
 mod cluster;
+pub mod mover_cli;
 pub mod pgbench;
 pub mod pgbouncer;
 pub mod redis;
 pub mod topology;
 mod wait;
+pub mod workload;
 
 pub use cluster::{Cluster, Frozen, Listener};
 pub use topology::{reaches, Topology};
-pub use wait::eventually;
+pub use wait::{eventually, within};
 
 /// A benchmark's directory: a throwaway cluster with `settings`, database `bench` with the
 /// extension and one shard registered (`shard_1`, no cluster behind it), and a DBA's connection.
@@ -62,22 +64,4 @@ pub fn results_dir() -> std::path::PathBuf {
         .join(under);
     std::fs::create_dir_all(&dir).expect("create bench-results/");
     dir
-}
-
-/// The `shard-directory` CLI, built beside the test binaries (`scripts/test.sh` builds it first:
-/// `cargo build -p shard-directory-mover --bin shard-directory`).
-pub fn cli_binary() -> std::path::PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    // target/<profile>/deps/<test> -> target/<profile>/shard-directory
-    let bin = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps")
-        .join("shard-directory");
-    assert!(
-        bin.exists(),
-        "{} is missing: cargo build -p shard-directory-mover --bin shard-directory",
-        bin.display()
-    );
-    bin
 }

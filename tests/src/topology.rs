@@ -24,6 +24,10 @@ pub const SHARD_SETTINGS: &[(&str, &str)] = &[
     ("max_worker_processes", "16"),
 ];
 
+/// What the directory runs with: commit timestamps, so that the demo times convergence from the
+/// commit of a change (`pg_xact_commit_timestamp`).
+pub const DIRECTORY_SETTINGS: &[(&str, &str)] = &[("track_commit_timestamp", "on")];
+
 /// The application's tables on every shard: a tenant's orders and their lines.
 pub const SHARD_SCHEMA: &str = "
     CREATE TABLE orders (
@@ -54,7 +58,7 @@ impl Topology {
 
     /// A directory and `n` shards, `shard_1` .. `shard_n`.
     pub async fn with_shards(name: &str, n: usize) -> Topology {
-        let directory = Cluster::start(&format!("{name}-dir"), &[]);
+        let directory = Cluster::start(&format!("{name}-dir"), DIRECTORY_SETTINGS);
         directory.create_database_with_extension(DIRECTORY_DB).await;
         let dba = directory.connect(DIRECTORY_DB).await;
         let mut shards = Vec::new();
@@ -177,6 +181,60 @@ impl Topology {
             .unwrap_or_else(|e| panic!("move tenant {id} to {to}: {e}"));
         done.cutover_version
             .expect("a done move has its cutover version")
+    }
+
+    /// Writes `orders` orders of `lines` lines each for `id` on `shard`, as a client stamped at
+    /// the current directory version would. Returns the orders' items (`seed <id> <n>`).
+    pub async fn seed_orders(&self, shard: &str, id: &str, orders: i64, lines: i32) -> Vec<String> {
+        let version = self.step("SELECT shard_directory.current_version()").await;
+        let mut c = self.shard(shard).await;
+        let tx = c.transaction().await.unwrap();
+        tx.execute(
+            "SELECT set_config('app.directory_version', $1, true)",
+            &[&version.to_string()],
+        )
+        .await
+        .unwrap();
+        tx.execute(
+            "WITH o AS (INSERT INTO orders (tenant_id, item)
+                        SELECT $1, 'seed ' || $1 || ' ' || g FROM generate_series(1, $2::int8) g
+                        RETURNING order_id)
+             INSERT INTO order_lines (tenant_id, order_id, line_no, product)
+             SELECT $1, order_id, l, 'p' || l FROM o, generate_series(1, $3::int4) l",
+            &[&id, &orders, &lines],
+        )
+        .await
+        .expect("seed rows");
+        tx.commit().await.unwrap();
+        (1..=orders).map(|g| format!("seed {id} {g}")).collect()
+    }
+
+    /// The shard the directory names for tenant `id`.
+    pub async fn placement(&self, id: &str) -> String {
+        self.dba()
+            .await
+            .query_one(
+                "SELECT shard_name FROM shard_directory.shard_directory WHERE entity_type = 'tenant' AND entity_id = $1",
+                &[&id],
+            )
+            .await
+            .expect("the tenant's placement")
+            .get(0)
+    }
+
+    /// `(orders, order_lines)` rows of `tenant` on `shard`.
+    pub async fn rows(&self, shard: &str, tenant: &str) -> (i64, i64) {
+        let row = self
+            .shard(shard)
+            .await
+            .query_one(
+                "SELECT (SELECT count(*) FROM orders WHERE tenant_id = $1),
+                        (SELECT count(*) FROM order_lines WHERE tenant_id = $1)",
+                &[&tenant],
+            )
+            .await
+            .expect("count the tenant's rows");
+        (row.get(0), row.get(1))
     }
 
     /// Rows of `tenant` in `orders` on `shard`.

@@ -5,10 +5,10 @@
 use std::process::Output;
 
 use serde_json::Value;
-use shard_directory_e2e::{cli_binary, Topology};
+use shard_directory_e2e::{mover_cli, Topology};
 
 async fn cli(t: Option<&Topology>, args: &[&str]) -> Output {
-    let mut c = tokio::process::Command::new(cli_binary());
+    let mut c = tokio::process::Command::new(mover_cli::binary());
     c.args(args).env_remove("SHARD_DIRECTORY_URL");
     if let Some(t) = t {
         c.env("SHARD_DIRECTORY_URL", t.directory.conn_str("directory"));
@@ -196,7 +196,7 @@ async fn an_operator_moves_a_tenant_and_follows_it_with_the_cli() {
     // On a terminal (here a pseudo-terminal from script(1)): progress bars, rows per table.
     let back = format!(
         "{} move tenant 8842 --to shard_1 --method copy",
-        cli_binary().display()
+        mover_cli::binary().display()
     );
     let tty = tokio::process::Command::new("script")
         .args(["-qec", &back, "/dev/null"])

@@ -419,6 +419,14 @@ async fn directory_down_serves_active_entries_from_cache_and_fails_closed_mid_mo
         d.lookup("tenant", "2").await.unwrap();
     }
     let r = t.router(serving.clone());
+    // Tenant 3 is cached active; then its move begins and the client hears of it, but reads it
+    // no more before the outage: the cache knows its entry changed, not to what.
+    t.add_tenant("3", "shard_1").await;
+    serving.lookup("tenant", "3").await.unwrap();
+    let v3 = t
+        .step("SELECT shard_directory.begin_move('tenant', '3', 'shard_2')")
+        .await;
+    reaches(&serving, v3).await;
 
     t.directory.stop();
     for d in [&serving, &closed] {
@@ -439,7 +447,19 @@ async fn directory_down_serves_active_entries_from_cache_and_fails_closed_mid_mo
             ..
         })
     ));
-    let uncached = serving.lookup("tenant", "3").await.unwrap_err();
+    // ... and so does the one whose entry is known to have changed since it was cached.
+    assert!(
+        matches!(
+            serving.lookup("tenant", "3").await,
+            Err(Error::FailClosed {
+                state: Some(State::Active),
+                reason: "its entry changed after it was cached",
+                ..
+            })
+        ),
+        "an entry known to have changed is not served"
+    );
+    let uncached = serving.lookup("tenant", "4").await.unwrap_err();
     assert!(uncached.is_retryable(), "{uncached:?}");
     // FailClosed fails everything.
     assert!(matches!(

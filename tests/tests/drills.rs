@@ -1,14 +1,172 @@
-//! Outage drills (issue 11, item 4): one shard stopped while traffic flows, and the watcher's
-//! connection killed during a move. (The directory stopped during traffic is
-//! `client.rs`'s `directory_down_serves_active_entries_from_cache_and_fails_closed_mid_move`;
-//! the mover killed mid-move is `cli.rs` and the proof.)
+//! Outage drills: the directory stopped while traffic flows, one shard stopped, the watcher's
+//! connection killed during a move, and the mover killed during the freeze. Each runs real
+//! traffic through routers and ends by checking that no acknowledged write was lost.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use shard_directory_client::{
     DirectoryConfig, EntityKey, Error, RetryPolicy, Router, WATCHER_APPLICATION_NAME,
 };
-use shard_directory_e2e::{eventually, reaches, Topology};
+use shard_directory_e2e::workload::{write_order, Audit, Ledger, Workload};
+use shard_directory_e2e::{eventually, mover_cli, reaches, Topology};
+use shard_directory_mover::Phase;
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// Acknowledged writes of `tenant` in the workload so far.
+fn acked(w: &Workload, tenant: &str) -> usize {
+    w.ledger().acked.values().filter(|t| *t == tenant).count()
+}
+
+/// Stops the workload and checks that every acknowledged order is where the directory says.
+async fn audited(t: &Topology, w: Workload) -> Ledger {
+    let ledger = w.stop().await;
+    let audit = Audit::of(t, &ledger).await;
+    assert!(audit.holds(), "{}", audit.problems());
+    assert!(ledger.fatal.is_empty(), "{:?}", ledger.fatal);
+    ledger
+}
+
+#[tokio::test]
+async fn the_directory_stopped_under_traffic_serves_active_tenants_fails_a_moving_one_closed_and_converges(
+) {
+    let t = Topology::start("drill-dir").await;
+    t.add_tenant("a", "shard_1").await;
+    t.add_tenant("b", "shard_2").await;
+    t.add_tenant("m", "shard_1").await;
+    let begun = t
+        .step("SELECT shard_directory.begin_move('tenant', 'm', 'shard_2')")
+        .await;
+    let mut routers = Vec::new();
+    for _ in 0..2 {
+        let d = t.client_directory(DirectoryConfig::default()).await;
+        reaches(&d, begun).await;
+        routers.push(Arc::new(t.router(d)));
+    }
+    let w = Workload::start(
+        &routers,
+        &["a", "b", "m"],
+        2,
+        Duration::from_millis(5),
+        fastrand::u64(..),
+        Ledger::default(),
+    );
+    eventually("writes for every tenant", DEADLINE, || async {
+        ["a", "b", "m"]
+            .iter()
+            .all(|x| acked(&w, x) >= 5)
+            .then_some(())
+    })
+    .await;
+
+    t.directory.stop();
+    for r in &routers {
+        eventually("the watcher to notice", DEADLINE, || async {
+            (!r.directory().is_connected()).then_some(())
+        })
+        .await;
+    }
+    let (a, b) = (acked(&w, "a"), acked(&w, "b"));
+    let m_failed = w.ledger().failures_of("m");
+    eventually(
+        "the active tenants served and the moving one failed closed during the outage",
+        DEADLINE,
+        || async {
+            (acked(&w, "a") >= a + 20
+                && acked(&w, "b") >= b + 20
+                && w.ledger().failures_of("m") >= m_failed + 5)
+                .then_some(())
+        },
+    )
+    .await;
+    for r in &routers {
+        assert!(
+            r.directory().stats().serving_stale > 0,
+            "stale serves are counted"
+        );
+    }
+
+    t.directory.restart();
+    let done = t
+        .step("SELECT shard_directory.abort_move('tenant', 'm')")
+        .await;
+    for r in &routers {
+        reaches(r.directory(), done).await;
+    }
+    let m = acked(&w, "m");
+    eventually("the moving tenant writable again", DEADLINE, || async {
+        (acked(&w, "m") > m).then_some(())
+    })
+    .await;
+    let ledger = audited(&t, w).await;
+    // Every failure was the moving tenant's, and closed by the policy.
+    assert!(
+        ledger
+            .failed
+            .iter()
+            .chain(&ledger.failed_reads)
+            .all(|((tenant, kind), _)| tenant == "m" && kind == "FailClosed"),
+        "{:?} {:?}",
+        ledger.failed,
+        ledger.failed_reads
+    );
+}
+
+#[tokio::test]
+async fn a_mover_killed_during_the_freeze_leaves_the_tenant_writable_after_resume_or_abort() {
+    let t = Topology::start("drill-mover").await;
+    let mut ledger = Ledger::default();
+    for tenant in ["r", "x"] {
+        t.add_tenant(tenant, "shard_1").await;
+        // Enough rows that the copy under the freeze outlasts the kill's polling.
+        for item in t.seed_orders("shard_1", tenant, 3000, 1).await {
+            ledger.acked.insert(item, tenant.into());
+        }
+    }
+    let d = t.client_directory(DirectoryConfig::default()).await;
+    let routers = [Arc::new(t.router(d.clone()))];
+    let w = Workload::start(
+        &routers,
+        &["r", "x"],
+        2,
+        Duration::from_millis(5),
+        fastrand::u64(..),
+        ledger,
+    );
+    let impatient = t
+        .router(d)
+        .with_retry(RetryPolicy::default().deadline(Duration::from_secs(1)));
+
+    for (tenant, verb, lands_on) in [("r", "resume", "shard_2"), ("x", "abort", "shard_1")] {
+        let killed = mover_cli::kill_at(&t, tenant, "shard_2", "copy", Phase::Frozen)
+            .await
+            .expect("the move was still running when killed");
+        let stopped_at = killed.stopped_at.expect("the killed move is open");
+        assert!(
+            (Phase::Frozen..Phase::Cutover).contains(&stopped_at),
+            "killed in the freeze, not at {stopped_at}"
+        );
+        // Nobody is left to end the freeze: the tenant's writes are refused ...
+        let err = write_order(&impatient, tenant, &format!("{tenant} frozen"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::ReadOnly(_) | Error::Rejected { .. }),
+            "{err:?}"
+        );
+        // ... until the operator runs the CLI, and nothing else.
+        mover_cli::finish(&t, verb, killed.move_id).await;
+        assert_eq!(t.placement(tenant).await, lands_on);
+        let before = acked(&w, tenant);
+        eventually("the tenant writable again", DEADLINE, || async {
+            (acked(&w, tenant) > before).then_some(())
+        })
+        .await;
+    }
+    let ledger = audited(&t, w).await;
+    assert!(ledger.acked.len() > 6000, "the writers kept writing");
+}
 
 async fn insert(router: &Router, id: &str, item: &str) -> Result<(), Error> {
     let (id, item) = (id.to_owned(), item.to_owned());

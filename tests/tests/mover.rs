@@ -28,44 +28,9 @@ fn options(method: MethodChoice) -> MoveOptions {
     }
 }
 
-/// Writes `orders` orders of two lines each for `id` on `shard`, as a client stamped at the
-/// current directory version would.
+/// Writes `orders` orders of two lines each for `id` on `shard`.
 async fn seed(t: &Topology, shard: &str, id: &str, orders: i64) {
-    let version = t.step("SELECT shard_directory.current_version()").await;
-    let mut c = t.shard(shard).await;
-    let tx = c.transaction().await.unwrap();
-    tx.execute(
-        "SELECT set_config('app.directory_version', $1, true)",
-        &[&version.to_string()],
-    )
-    .await
-    .unwrap();
-    tx.execute(
-        "WITH o AS (INSERT INTO orders (tenant_id, item)
-                    SELECT $1, 'seed ' || g FROM generate_series(1, $2::int8) g
-                    RETURNING order_id)
-         INSERT INTO order_lines (tenant_id, order_id, line_no, product)
-         SELECT $1, order_id, l, 'p' || l FROM o, generate_series(1, 2) l",
-        &[&id, &orders],
-    )
-    .await
-    .expect("seed rows");
-    tx.commit().await.unwrap();
-}
-
-/// `(orders, order_lines)` rows of `id` on `shard`.
-async fn rows(t: &Topology, shard: &str, id: &str) -> (i64, i64) {
-    let row = t
-        .shard(shard)
-        .await
-        .query_one(
-            "SELECT (SELECT count(*) FROM orders WHERE tenant_id = $1),
-                    (SELECT count(*) FROM order_lines WHERE tenant_id = $1)",
-            &[&id],
-        )
-        .await
-        .unwrap();
-    (row.get(0), row.get(1))
+    t.seed_orders(shard, id, orders, 2).await;
 }
 
 async fn fence_of(t: &Topology, shard: &str, id: &str) -> Option<String> {
@@ -159,8 +124,8 @@ async fn assert_moved(t: &Topology, record: &MoveRecord, id: &str, expected: (i6
     let (from, to) = (&record.source_shard, &record.target_shard);
     assert_eq!(record.phase, Phase::Done);
     assert_eq!(entry(t, id).await, (to.clone(), "active".to_owned()));
-    assert_eq!(rows(t, to, id).await, expected, "every row on the target");
-    assert_eq!(rows(t, from, id).await, (0, 0), "none left on the source");
+    assert_eq!(t.rows(to, id).await, expected, "every row on the target");
+    assert_eq!(t.rows(from, id).await, (0, 0), "none left on the source");
     assert_eq!(
         fence_of(t, from, id).await.as_deref(),
         Some(&*format!("moved:{to}"))
@@ -201,11 +166,7 @@ async fn move_under_load(method: MethodChoice, expected: Method) {
     assert_eq!(record.method, expected);
     assert!(acked > 0, "the application kept writing");
     assert_moved(&t, &record, "a", (500 + acked, 1000)).await;
-    assert_eq!(
-        rows(&t, "shard_1", "b").await,
-        (10, 20),
-        "other tenants stay"
-    );
+    assert_eq!(t.rows("shard_1", "b").await, (10, 20), "other tenants stay");
     // Verified under the freeze: the seed and the writes acked before it (later ones went to
     // the target).
     let verified = record.tables["public.orders"].verified.expect("verified");
@@ -220,7 +181,7 @@ async fn move_under_load(method: MethodChoice, expected: Method) {
             .await
             .expect("a new order on the target");
     }
-    assert_eq!(rows(&t, "shard_2", "a").await.0, 503 + acked);
+    assert_eq!(t.rows("shard_2", "a").await.0, 503 + acked);
 }
 
 #[tokio::test]
@@ -273,12 +234,12 @@ async fn assert_aborted(t: &Topology, record: &MoveRecord, id: &str, seeded: (i6
         (record.source_shard.clone(), "active".into())
     );
     assert_eq!(
-        rows(t, &record.source_shard, id).await,
+        t.rows(&record.source_shard, id).await,
         seeded,
         "all rows at the source"
     );
     assert_eq!(
-        rows(t, &record.target_shard, id).await,
+        t.rows(&record.target_shard, id).await,
         (0, 0),
         "none left on the target"
     );
@@ -590,7 +551,7 @@ async fn a_freeze_longer_than_max_freeze_aborts_and_the_tenant_is_writable_again
     order(&router, "a", "after")
         .await
         .expect("writable on its source");
-    assert_eq!(rows(&t, "shard_1", "a").await.0, 11);
+    assert_eq!(t.rows("shard_1", "a").await.0, 11);
 }
 
 /// Starts a move of tenant `a` (on shard_1) that preflight must refuse; checks that the message

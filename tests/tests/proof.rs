@@ -8,124 +8,19 @@
 //!
 //! `PROOF_SEED=<n>` replays a run's random choices (each run prints its seed).
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use shard_directory_client::{DirectoryConfig, EntityKey, Router};
-use shard_directory_e2e::{cli_binary, Topology};
+use shard_directory_client::{DirectoryConfig, EntityKey};
+use shard_directory_e2e::workload::{refusals, Audit, Ledger, Workload};
+use shard_directory_e2e::{mover_cli, Topology};
 use shard_directory_mover::{Method, MethodChoice, MoveOptions, Phase};
-use tokio::sync::watch;
 
 const TENANTS: [&str; 6] = ["t1", "t2", "t3", "t4", "t5", "t6"];
-const WRITERS: usize = 8;
+const WRITERS_PER_INSTANCE: usize = 2;
 const MOVES: usize = 24;
 const SEEDED: i64 = 200;
-
-#[derive(Default)]
-struct Ledger {
-    /// item -> tenant, for every acknowledged order.
-    acked: HashMap<String, String>,
-    /// item -> tenant, for every order whose transaction returned an error.
-    unacked: HashMap<String, String>,
-    errors: BTreeMap<String, u64>,
-}
-
-async fn write_one(
-    router: &Router,
-    tenant: &str,
-    item: &str,
-) -> Result<(), shard_directory_client::Error> {
-    router
-        .run(&EntityKey::new("tenant", tenant), async |tx| {
-            let order: i64 = tx
-                .query_one(
-                    "INSERT INTO orders (tenant_id, item) VALUES ($1, $2) RETURNING order_id",
-                    &[&tenant, &item],
-                )
-                .await?
-                .get(0);
-            tx.execute(
-                "INSERT INTO order_lines (tenant_id, order_id, line_no, product) VALUES ($1, $2, 1, $3)",
-                &[&tenant, &order, &item],
-            )
-            .await?;
-            Ok(())
-        })
-        .await
-}
-
-async fn writer(
-    router: Arc<Router>,
-    ledger: Arc<Mutex<Ledger>>,
-    seq: Arc<AtomicU64>,
-    w: usize,
-    seed: u64,
-    stop: watch::Receiver<bool>,
-) {
-    let mut rng = fastrand::Rng::with_seed(seed ^ (w as u64 + 1));
-    while !*stop.borrow() {
-        let tenant = TENANTS[rng.usize(..TENANTS.len())];
-        let item = format!("w{w}-{}", seq.fetch_add(1, Ordering::Relaxed));
-        let result = write_one(&router, tenant, &item).await;
-        {
-            let mut ledger = ledger.lock().unwrap();
-            match result {
-                Ok(()) => {
-                    ledger.acked.insert(item, tenant.to_owned());
-                }
-                Err(e) => {
-                    assert!(
-                        e.is_retryable(),
-                        "only retryable errors while tenants move: {e:?}"
-                    );
-                    let kind = format!("{e:?}")
-                        .split([' ', '(', '{'])
-                        .next()
-                        .unwrap_or("?")
-                        .to_owned();
-                    *ledger.errors.entry(kind).or_default() += 1;
-                    ledger.unacked.insert(item, tenant.to_owned());
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(3)).await;
-    }
-}
-
-async fn placement(t: &Topology, tenant: &str) -> String {
-    t.dba()
-        .await
-        .query_one(
-            "SELECT shard_name FROM shard_directory.shard_directory WHERE entity_type = 'tenant' AND entity_id = $1",
-            &[&tenant],
-        )
-        .await
-        .unwrap()
-        .get(0)
-}
-
-/// The phase of the tenant's open move, if any.
-async fn open_phase(t: &Topology, tenant: &str) -> Option<(i64, Phase)> {
-    t.dba()
-        .await
-        .query_opt(
-            "SELECT move_id, phase FROM shard_directory.shard_moves WHERE entity_id = $1 AND finished_at IS NULL",
-            &[&tenant],
-        )
-        .await
-        .unwrap()
-        .map(|r| (r.get(0), Phase::parse(r.get(1)).unwrap()))
-}
-
-fn cli(t: &Topology) -> tokio::process::Command {
-    let mut c = tokio::process::Command::new(cli_binary());
-    c.env("SHARD_DIRECTORY_URL", t.directory.conn_str("directory"))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    c
-}
 
 /// Moves `tenant` with the CLI and SIGKILLs the process once its move reaches `kill_at` (or
 /// later); then resumes or aborts it with the CLI. Returns what happened, or None when the move
@@ -138,36 +33,10 @@ async fn killed_move(
     kill_at: Phase,
     abort: bool,
 ) -> Option<String> {
-    let mut child = cli(t)
-        .args(["move", "tenant", tenant, "--to", to, "--method", method])
-        .kill_on_drop(true)
-        .spawn()
-        .expect("run shard-directory move");
-    let started = Instant::now();
-    let (move_id, killed_at) = loop {
-        if let Some((id, phase)) = open_phase(t, tenant).await {
-            if phase >= kill_at {
-                child.kill().await.expect("SIGKILL the mover");
-                break (id, phase);
-            }
-        }
-        if let Some(status) = child.try_wait().unwrap() {
-            assert!(
-                status.success(),
-                "the CLI move failed: {:?}",
-                child.wait_with_output().await
-            );
-            return None;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "the CLI move did not reach {kill_at}"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    };
-    // The mover may have gone on between the phase read and the kill (past its cutover, or to
-    // the end): what to do next is decided by where it really stopped.
-    let Some((_, stopped_at)) = open_phase(t, tenant).await else {
+    let killed = mover_cli::kill_at(t, tenant, to, method, kill_at).await?;
+    let move_id = killed.move_id;
+    // What to do next is decided by where the move really stopped.
+    let Some(stopped_at) = killed.stopped_at else {
         return Some(format!(
             "move {move_id} ({method}) finished before the kill aimed at {kill_at} landed"
         ));
@@ -177,18 +46,10 @@ async fn killed_move(
     } else {
         "resume"
     };
-    let out = cli(t)
-        .args([verb, &move_id.to_string()])
-        .output()
-        .await
-        .expect("run shard-directory resume/abort");
-    assert!(
-        out.status.success(),
-        "shard-directory {verb} {move_id} after a kill at {stopped_at}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    mover_cli::finish(t, verb, move_id).await;
     Some(format!(
-        "move {move_id} ({method}) killed at {stopped_at} (seen at {killed_at}, aimed at {kill_at}), then `shard-directory {verb}`"
+        "move {move_id} ({method}) killed at {stopped_at} (seen at {}, aimed at {kill_at}), then `shard-directory {verb}`",
+        killed.seen_at
     ))
 }
 
@@ -201,32 +62,15 @@ async fn no_acknowledged_write_is_lost_or_duplicated_while_tenants_move() {
     println!("PROOF_SEED={seed}");
     let mut rng = fastrand::Rng::with_seed(seed);
     let t = Topology::with_shards("proof", 3).await;
+    let mut ledger = Ledger::default();
     for (i, tenant) in TENANTS.iter().enumerate() {
         let shard = format!("shard_{}", i % 3 + 1);
         t.add_tenant(tenant, &shard).await;
-        let version = t.step("SELECT shard_directory.current_version()").await;
-        t.shard(&shard)
-            .await
-            .batch_execute(&format!(
-                "BEGIN; SELECT set_config('app.directory_version', '{version}', true);
-                 INSERT INTO orders (tenant_id, item) SELECT '{tenant}', 'seed-{tenant}-' || g FROM generate_series(1, {SEEDED}) g;
-                 INSERT INTO order_lines (tenant_id, order_id, line_no, product)
-                 SELECT tenant_id, order_id, 1, item FROM orders WHERE tenant_id = '{tenant}';
-                 COMMIT"
-            ))
-            .await
-            .unwrap();
-    }
-    let ledger = Arc::new(Mutex::new(Ledger::default()));
-    for tenant in TENANTS {
-        for g in 1..=SEEDED {
-            ledger
-                .lock()
-                .unwrap()
-                .acked
-                .insert(format!("seed-{tenant}-{g}"), tenant.to_owned());
+        for item in t.seed_orders(&shard, tenant, SEEDED, 1).await {
+            ledger.acked.insert(item, tenant.to_string());
         }
     }
+    let seeded = ledger.acked.len();
 
     let mut routers = Vec::new();
     for i in 0..4 {
@@ -239,20 +83,15 @@ async fn no_acknowledged_write_is_lost_or_duplicated_while_tenants_move() {
         };
         routers.push(Arc::new(t.router(t.client_directory(config).await)));
     }
-    let (stop, stopped) = watch::channel(false);
-    let seq = Arc::new(AtomicU64::new(0));
-    // Writers and moves run concurrently in this task (the router's closures are not Send).
-    let writers = futures_util::future::join_all((0..WRITERS).map(|w| {
-        writer(
-            routers[w % 4].clone(),
-            ledger.clone(),
-            seq.clone(),
-            w,
-            seed,
-            stopped.clone(),
-        )
-    }));
-    let moves = async {
+    let workload = Workload::start(
+        &routers,
+        &TENANTS,
+        WRITERS_PER_INSTANCE,
+        Duration::from_millis(3),
+        seed,
+        ledger,
+    );
+    let (m, moving, by_method, max_freeze, kill_report) = {
         let started = Instant::now();
         let mut by_method: BTreeMap<&str, u32> = BTreeMap::new();
         let mut max_freeze = Duration::ZERO;
@@ -261,7 +100,7 @@ async fn no_acknowledged_write_is_lost_or_duplicated_while_tenants_move() {
         let mut m = 0;
         while m < MOVES || kill_report.is_none() {
             let tenant = TENANTS[rng.usize(..TENANTS.len())];
-            let from = placement(&t, tenant).await;
+            let from = t.placement(tenant).await;
             let to = loop {
                 let s = format!("shard_{}", rng.usize(1..=3));
                 if s != from {
@@ -303,88 +142,30 @@ async fn no_acknowledged_write_is_lost_or_duplicated_while_tenants_move() {
             }
             m += 1;
         }
-        let moving = started.elapsed();
-        stop.send(true).unwrap();
-        (m, moving, by_method, max_freeze, kill_report)
+        (m, started.elapsed(), by_method, max_freeze, kill_report)
     };
-    let (_, (m, moving, by_method, max_freeze, kill_report)) = tokio::join!(writers, moves);
+    let ledger = workload.stop().await;
+    let audit = Audit::of(&t, &ledger).await;
 
-    // Where every order is.
-    let mut placements = HashMap::new();
-    for tenant in TENANTS {
-        placements.insert(tenant, placement(&t, tenant).await);
-    }
-    let mut seen: HashMap<String, Vec<(String, String)>> = HashMap::new();
-    let mut misplaced = Vec::new();
-    for (shard, _) in &t.shards {
-        let c = t.shard(shard).await;
-        for r in c
-            .query(
-                "SELECT o.tenant_id, o.item, count(l.*) FROM orders o
-                 LEFT JOIN order_lines l USING (tenant_id, order_id) GROUP BY 1, 2",
-                &[],
-            )
-            .await
-            .unwrap()
-        {
-            let (tenant, item, lines): (String, String, i64) = (r.get(0), r.get(1), r.get(2));
-            assert_eq!(lines, 1, "order {item} has its line");
-            if placements[tenant.as_str()] != *shard {
-                misplaced.push(format!("{item} of {tenant} on {shard}"));
-            }
-            seen.entry(item).or_default().push((tenant, shard.clone()));
-        }
-    }
-    let ledger = ledger.lock().unwrap();
-    let lost: Vec<_> = ledger
-        .acked
-        .keys()
-        .filter(|i| !seen.contains_key(*i))
-        .take(20)
-        .collect();
-    let duplicated: Vec<_> = seen
-        .iter()
-        .filter(|(_, at)| at.len() > 1)
-        .map(|(i, at)| format!("{i}: {at:?}"))
-        .take(20)
-        .collect();
-    let unknown: Vec<_> = seen
-        .keys()
-        .filter(|i| !ledger.acked.contains_key(*i) && !ledger.unacked.contains_key(*i))
-        .take(20)
-        .collect();
-    let unacked_landed = ledger
-        .unacked
-        .keys()
-        .filter(|i| seen.contains_key(*i))
-        .count();
-
-    let mut retries: BTreeMap<String, u64> = BTreeMap::new();
-    for r in &routers {
-        for (reason, n) in r.directory().stats().rejections {
-            *retries.entry(reason).or_default() += n;
-        }
-    }
+    let retries = refusals(&routers);
     println!(
-        "proof: {} orders acked ({} seeded), {} unacked ({unacked_landed} of them committed all the same), \
+        "proof: {} orders acked ({seeded} seeded), {} unacked ({} of them committed all the same), \
          errors {:?}; shard rejections retried by reason {retries:?}; {m} moves in {moving:?} {by_method:?}, \
          max freeze {max_freeze:?}; {}",
         ledger.acked.len(),
-        SEEDED * TENANTS.len() as i64,
         ledger.unacked.len(),
-        ledger.errors,
+        audit.unacked_landed,
+        ledger.failed,
         kill_report.as_deref().unwrap_or("no kill")
     );
-    assert!(lost.is_empty(), "acknowledged orders lost: {lost:?}");
-    assert!(duplicated.is_empty(), "orders stored twice: {duplicated:?}");
+    assert!(audit.holds(), "{}", audit.problems());
     assert!(
-        misplaced.is_empty(),
-        "orders on a shard the directory does not name: {:?}",
-        &misplaced[..misplaced.len().min(20)]
+        ledger.fatal.is_empty(),
+        "only retryable errors while tenants move: {:?}",
+        ledger.fatal
     );
-    assert!(unknown.is_empty(), "orders nobody wrote: {unknown:?}");
     assert!(
-        ledger.acked.len() as i64 > SEEDED * TENANTS.len() as i64 + 1000,
+        ledger.acked.len() > seeded + 1000,
         "the writers kept writing"
     );
     assert!(

@@ -1,0 +1,117 @@
+//! The `shard-directory` CLI run as an operator would, and killed (SIGKILL) mid-move as a crash
+//! would: shared by the proof and the outage drills.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use shard_directory_mover::Phase;
+
+use crate::Topology;
+
+/// The CLI, built beside the test binaries (`scripts/test.sh` builds it first:
+/// `cargo build -p shard-directory-mover --bin shard-directory`).
+pub fn binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    // target/<profile>/deps/<test> -> target/<profile>/shard-directory
+    let bin = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>/deps")
+        .join("shard-directory");
+    assert!(
+        bin.exists(),
+        "{} is missing: cargo build -p shard-directory-mover --bin shard-directory",
+        bin.display()
+    );
+    bin
+}
+
+/// The CLI on `t`'s directory (`SHARD_DIRECTORY_URL`), its output piped.
+pub fn command(t: &Topology) -> tokio::process::Command {
+    let mut c = tokio::process::Command::new(binary());
+    c.env("SHARD_DIRECTORY_URL", t.directory.conn_str("directory"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    c
+}
+
+/// The phase of the tenant's open move, if any.
+pub async fn open_phase(t: &Topology, tenant: &str) -> Option<(i64, Phase)> {
+    t.dba()
+        .await
+        .query_opt(
+            "SELECT move_id, phase FROM shard_directory.shard_moves WHERE entity_id = $1 AND finished_at IS NULL",
+            &[&tenant],
+        )
+        .await
+        .unwrap()
+        .map(|r| (r.get(0), Phase::parse(r.get(1)).unwrap()))
+}
+
+/// A move whose process was killed.
+#[derive(Debug)]
+pub struct Killed {
+    pub move_id: i64,
+    /// The phase seen just before the kill.
+    pub seen_at: Phase,
+    /// Where the move really stopped (it may have gone on between the read and the kill); None
+    /// when it finished all the same.
+    pub stopped_at: Option<Phase>,
+}
+
+/// Moves `tenant` to `to` with `shard-directory move` and SIGKILLs the process once its move
+/// reaches `kill_at` (or later). None when the move finished before.
+pub async fn kill_at(
+    t: &Topology,
+    tenant: &str,
+    to: &str,
+    method: &str,
+    kill_at: Phase,
+) -> Option<Killed> {
+    let mut child = command(t)
+        .args(["move", "tenant", tenant, "--to", to, "--method", method])
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run shard-directory move");
+    let started = Instant::now();
+    let (move_id, seen_at) = loop {
+        if let Some((id, phase)) = open_phase(t, tenant).await {
+            if phase >= kill_at {
+                child.kill().await.expect("SIGKILL the mover");
+                break (id, phase);
+            }
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(
+                status.success(),
+                "the CLI move failed: {:?}",
+                child.wait_with_output().await
+            );
+            return None;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the CLI move did not reach {kill_at}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    Some(Killed {
+        move_id,
+        seen_at,
+        stopped_at: open_phase(t, tenant).await.map(|(_, p)| p),
+    })
+}
+
+/// `shard-directory <verb> <move_id>` (`resume` or `abort`), which must succeed.
+pub async fn finish(t: &Topology, verb: &str, move_id: i64) {
+    let out = command(t)
+        .args([verb, &move_id.to_string()])
+        .output()
+        .await
+        .expect("run shard-directory resume/abort");
+    assert!(
+        out.status.success(),
+        "shard-directory {verb} {move_id}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
