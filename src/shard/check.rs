@@ -1,6 +1,7 @@
 //! The shard-side rule, run on every request: the client's directory version against
 //! `min_accepted`, then against the entity's fence.
 
+use std::borrow::Cow;
 use std::ffi::CStr;
 
 use pgrx::prelude::*;
@@ -10,7 +11,7 @@ use super::locks;
 use super::state::{self, Fence};
 use super::stats::{self, Counter};
 use crate::catalog;
-use crate::entity::{EntityKey, EntityRef};
+use crate::entity::EntityRef;
 use crate::error::SdError;
 use crate::guc::Request;
 use crate::TriggerResult;
@@ -180,34 +181,34 @@ pub fn shard_directory_protect_row<'a>(trigger: &'a PgTrigger<'a>) -> TriggerRes
         }
         .raise();
     }
-    let key_of = |tuple: *mut pg_sys::HeapTupleData| -> Option<EntityKey> {
+    let entity_type = entity_type.to_string_lossy();
+    let entity_type: &str = &entity_type;
+    // The key as text (the column type's output function, so any key type works), borrowed: it
+    // lives in the trigger's memory context, and the check allocates nothing unless it refuses
+    // (or the text is not UTF-8).
+    let id_of = |tuple: *mut pg_sys::HeapTupleData| -> Option<Cow<'_, str>> {
         if tuple.is_null() {
             return None;
         }
         let value = unsafe { pg_sys::SPI_getvalue(tuple, tupdesc, attno) };
-        (!value.is_null()).then(|| EntityKey {
-            entity_type: entity_type.to_string_lossy().into_owned(),
-            entity_id: unsafe { CStr::from_ptr(value) }
-                .to_string_lossy()
-                .into_owned(),
-        })
+        (!value.is_null()).then(|| unsafe { CStr::from_ptr(value) }.to_string_lossy())
     };
     let fired_for_update =
         data.tg_event & pg_sys::TRIGGER_EVENT_OPMASK == pg_sys::TRIGGER_EVENT_UPDATE;
-    let old = key_of(data.tg_trigtuple);
+    let old = id_of(data.tg_trigtuple);
     let new = if fired_for_update {
-        key_of(data.tg_newtuple)
+        id_of(data.tg_newtuple).filter(|new| Some(new) != old.as_ref())
     } else {
         None
     };
-    let mut keys: Vec<EntityKey> = old.into_iter().chain(new).collect();
-    keys.dedup();
-    for key in keys
-        .iter()
-        .map(EntityKey::as_ref)
-        .filter(|k| !bypass::passes(*k))
-    {
-        check_entity(key, request.version);
+    for entity_id in [&old, &new].into_iter().flatten() {
+        let key = EntityRef {
+            entity_type,
+            entity_id,
+        };
+        if !bypass::passes(key) {
+            check_entity(key, request.version);
+        }
     }
     Ok(None)
 }

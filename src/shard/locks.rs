@@ -8,6 +8,8 @@
 //! change waits for every checked transaction of the shard, not only its entity's, and holds new
 //! ones back while it waits; `shard_directory.fence_wait_timeout` bounds that wait.
 
+use std::cell::Cell;
+
 use pgrx::pg_sys;
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
@@ -16,10 +18,45 @@ use pgrx::PgSqlErrorCode;
 use crate::error::{spi, SdError};
 use crate::{guc, privilege};
 
+thread_local! {
+    /// The local transaction that holds the check's lock, and the table it is on, once it does.
+    /// The lock is held to the transaction's end (nothing here releases it), so later checks of
+    /// that transaction need not ask the lock manager again (a hash lookup and a resource-owner
+    /// entry per call); a subtransaction's abort, which releases what the subtransaction took,
+    /// forgets it.
+    static HELD_BY: Cell<(pg_sys::LocalTransactionId, pg_sys::Oid)> =
+        const { Cell::new((pg_sys::InvalidLocalTransactionId, pg_sys::InvalidOid)) };
+}
+
+fn local_transaction() -> pg_sys::LocalTransactionId {
+    unsafe { (*pg_sys::MyProc).lxid }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn on_subxact(
+    event: pg_sys::SubXactEvent::Type,
+    _mine: pg_sys::SubTransactionId,
+    _parent: pg_sys::SubTransactionId,
+    _arg: *mut std::ffi::c_void,
+) {
+    if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
+        HELD_BY.set((pg_sys::InvalidLocalTransactionId, pg_sys::InvalidOid));
+    }
+}
+
+pub fn init() {
+    unsafe { pg_sys::RegisterSubXactCallback(Some(on_subxact), std::ptr::null_mut()) };
+}
+
 /// Holds the check's lock until the end of the transaction; a change committed before it was
 /// granted has reached this backend's invalidations when it returns.
 pub fn check(settings: pg_sys::Oid) {
+    let held = (local_transaction(), settings);
+    if HELD_BY.get() == held {
+        return;
+    }
     unsafe { pg_sys::LockRelationOid(settings, pg_sys::RowShareLock as pg_sys::LOCKMODE) };
+    HELD_BY.set(held);
 }
 
 /// Takes the exclusive lock for `what` (a fence change, a raise), waiting at most

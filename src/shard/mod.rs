@@ -15,5 +15,6 @@ pub mod stats;
 
 pub fn init() {
     state::init();
+    locks::init();
     stats::init();
 }

@@ -244,6 +244,42 @@ async fn a_fence_behind_an_idle_transaction_gives_up_and_names_the_blocker() {
         .expect("with nothing in flight the fence goes through");
 }
 
+/// A check remembers that its transaction holds the lock; a rolled-back savepoint releases the
+/// lock it took, and the next check of the transaction must take it again.
+#[tokio::test]
+async fn a_check_after_its_savepoint_rolled_back_holds_the_lock_again() {
+    let cluster = Cluster::start("shard-savepoint", &[]);
+    let dba = shard(&cluster, "shard_1").await;
+    let client = cluster.connect("shard_1").await;
+    let client_pid = pid(&client).await;
+    begin(&client, "READ COMMITTED", 41, "7").await;
+    client
+        .batch_execute(
+            "SAVEPOINT s; SELECT shard_directory.assert_directory_version(); ROLLBACK TO SAVEPOINT s;
+             SELECT shard_directory.assert_directory_version();",
+        )
+        .await
+        .unwrap();
+    dba.batch_execute("SET shard_directory.fence_wait_timeout = 500")
+        .await
+        .unwrap();
+    let err = dba
+        .execute("SELECT shard_directory.fence_frozen('tenant', '8842')", &[])
+        .await
+        .expect_err("the fence must wait for the checked transaction");
+    let db = err.as_db_error().expect("a database error");
+    assert_eq!(db.code(), &SqlState::LOCK_NOT_AVAILABLE, "{}", db.message());
+    assert!(
+        db.message().contains(&format!("pid {client_pid}")),
+        "{}",
+        db.message()
+    );
+    client.batch_execute("COMMIT").await.unwrap();
+    dba.execute("SELECT shard_directory.fence_frozen('tenant', '8842')", &[])
+        .await
+        .expect("with nothing in flight the fence goes through");
+}
+
 #[tokio::test]
 async fn raising_min_accepted_waits_for_checked_transactions_in_flight() {
     let cluster = Cluster::start("shard-raise", &[]);
