@@ -17,10 +17,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures_util::future::BoxFuture;
 use serde_json::Value;
-use shard_directory_client::{Directory, DirectoryConfig, EntityKey, Error, RetryPolicy, Router};
-use shard_directory_e2e::workload::{refusals, write_order, Audit, Ledger, Workload};
+use shard_directory_client::{Directory, DirectoryConfig, EntityKey, Router};
+use shard_directory_e2e::workload::{refusals, Audit, Ledger, Workload};
 use shard_directory_e2e::{within, Topology};
 use shard_directory_mover::{MethodChoice, MoveOptions, MoveRecord, Observer, Phase};
+use stale::StaleInstance;
+
+mod stale;
 use tokio::sync::Notify;
 
 const TENANTS: [&str; 4] = ["8842", "17", "23", "101"];
@@ -59,8 +62,8 @@ struct Instance {
 }
 
 impl Instance {
-    async fn start(t: &Topology, name: &str, config: DirectoryConfig) -> Instance {
-        let directory = t.client_directory(config).await;
+    async fn start(t: &Topology, name: &str) -> Instance {
+        let directory = t.client_directory(DirectoryConfig::default()).await;
         let (debug, _) = shard_directory_client::debug_http::serve(
             directory.clone(),
             "127.0.0.1:0".parse().unwrap(),
@@ -90,13 +93,8 @@ impl Instance {
 
     /// `curl -s <debug>/debug/directory`, as the guide checks each pod.
     async fn debug_view(&self) -> Value {
-        let out = tokio::process::Command::new("curl")
-            .args(["-s", "--max-time", "5"])
-            .arg(format!("http://{}/debug/directory", self.debug))
-            .output()
-            .await
-            .expect("run curl");
-        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+        serde_json::from_slice(&curl(&format!("http://{}/debug/directory", self.debug)).await)
+            .unwrap_or(Value::Null)
     }
 
     /// When this instance first knew `version` or a later one.
@@ -104,6 +102,16 @@ impl Instance {
         let log = self.learned.lock().unwrap();
         log.iter().find(|(v, _)| *v >= version).map(|(_, at)| *at)
     }
+}
+
+/// `curl -s <url>`: the body, empty when nothing answered within 5 s.
+async fn curl(url: &str) -> Vec<u8> {
+    tokio::process::Command::new("curl")
+        .args(["-s", "--max-time", "5", url])
+        .output()
+        .await
+        .expect("run curl")
+        .stdout
 }
 
 /// Prints each phase of a move with the time since it started, and each table as it completes;
@@ -269,7 +277,7 @@ async fn scenario() -> Claims {
     println!("\n== {INSTANCES} application instances, each with its own Directory, Router and /debug/directory");
     let mut instances = Vec::new();
     for n in 1..=INSTANCES {
-        let i = Instance::start(&t, &format!("app-{n}"), DirectoryConfig::default()).await;
+        let i = Instance::start(&t, &format!("app-{n}")).await;
         println!("   {} at http://{}/debug/directory", i.name, i.debug);
         instances.push(i);
     }
@@ -287,24 +295,15 @@ async fn scenario() -> Claims {
         INSTANCES * WRITERS_PER_INSTANCE,
         TENANTS.join(", ")
     );
-    // A fifth instance, deliberately stale: no LISTEN and an hour between polls.
-    let stale = Instance::start(
-        &t,
-        "app-stale",
-        DirectoryConfig::default()
-            .listen(false)
-            .poll_interval(Duration::from_secs(3600)),
-    )
-    .await;
+    // A fifth instance, deliberately stale, in its own process (its own /metrics).
+    let mut stale = StaleInstance::start(&t, "8842").await;
     let mut extra = Ledger::default();
-    write_order(&stale.router, "8842", "stale-1")
-        .await
-        .expect("the stale instance's first write");
     extra.acked.insert("stale-1".into(), "8842".into());
+    let route = stale.ask("route 8842").await;
     println!(
-        "   app-stale (no LISTEN, hourly poll) at http://{} wrote an order of 8842 at version {}",
-        stale.debug,
-        stale.directory().version()
+        "   app-stale (its own process: no LISTEN, hourly poll) at http://{}/debug/directory and \
+         http://{}/metrics wrote an order of 8842 ({route})",
+        stale.debug, stale.metrics
     );
 
     println!("\n== 1. move tenant 8842 from shard_1 to shard_3 with the mover, under load");
@@ -340,61 +339,56 @@ async fn scenario() -> Claims {
     );
 
     println!("\n== 3. a deliberately stale client is refused, not served");
-    let view = stale.debug_view().await;
     println!(
-        "   app-stale still routes 8842 to {} at version {}; its rejections: {}",
-        stale
-            .directory()
-            .lookup("tenant", "8842")
-            .await
-            .map(|e| e.shard_name.clone())
-            .unwrap_or_default(),
-        view["version"],
-        view["stats"]["rejections"]
+        "   app-stale still routes 8842 by (shard, version): {}",
+        stale.ask("route 8842").await
     );
-    let moved_before = view["stats"]["rejections"]["moved"].as_u64().unwrap_or(0);
-    let once = t
-        .router(stale.directory().clone())
-        .with_retry(RetryPolicy::default().deadline(Duration::ZERO));
-    match write_order(&once, "8842", "stale-refused").await {
-        Err(Error::Rejected { source, .. }) => {
-            let db = source.as_db_error();
-            let code = db.map(|d| d.code().code()).unwrap_or("?");
+    let (moved_before, line) = stale.rejections("moved").await;
+    println!(
+        "   $ curl -s {}/metrics | grep rejections   ->  {line}",
+        stale.metrics
+    );
+    let refused = stale.ask("once 8842 stale-refused").await;
+    extra.unacked.insert("stale-refused".into(), "8842".into());
+    let (_, line) = stale.rejections("moved").await;
+    match refused
+        .strip_prefix("refused ")
+        .map(|r| r.split('\t').collect::<Vec<_>>())
+    {
+        Some(parts) if parts.len() == 4 => {
             println!(
-                "   without retries, shard_1 answers: ERROR {code}: {}\n     DETAIL: {}\n     HINT: {}",
-                db.map(|d| d.message()).unwrap_or(""),
-                db.and_then(|d| d.detail()).unwrap_or(""),
-                db.and_then(|d| d.hint()).unwrap_or("")
+                "   without retries, shard_1 answers: ERROR {}: {}\n     DETAIL: {}\n     HINT: {}",
+                parts[0], parts[1], parts[2], parts[3]
+            );
+            println!(
+                "   $ curl -s {}/metrics | grep rejections   ->  {line}",
+                stale.metrics
             );
             claims.check(
-                code == "40001",
+                parts[0] == "40001",
                 "shard_1 refused the stale write with SQLSTATE 40001",
             );
         }
-        other => claims.check(
+        _ => claims.check(
             false,
-            format!("shard_1 refused the stale write: got {other:?}"),
+            format!("shard_1 refused the stale write: got {refused}"),
         ),
     }
-    extra.unacked.insert("stale-refused".into(), "8842".into());
-    let landed = write_order(&stale.router, "8842", "stale-2").await;
-    let view = stale.debug_view().await;
-    let moved_after = view["stats"]["rejections"]["moved"].as_u64().unwrap_or(0);
+    let landed = stale.ask("write 8842 stale-2").await;
+    let (moved_after, line) = stale.rejections("moved").await;
     println!(
-        "   with retries (the default), the router learned the move from the refusal's DETAIL and retried: {}; \
-         its rejections now {}",
-        match &landed {
-            Ok(()) => "committed".to_owned(),
-            Err(e) => format!("failed: {e}"),
-        },
-        view["stats"]["rejections"]
+        "   with retries (the default), the router learned the move from the refusal's DETAIL and retried: {landed}"
     );
-    if landed.is_ok() {
+    println!(
+        "   $ curl -s {}/metrics | grep rejections   ->  {line}",
+        stale.metrics
+    );
+    if landed == "committed" {
         extra.acked.insert("stale-2".into(), "8842".into());
     }
     claims.check(
         moved_after >= moved_before + 2,
-        format!("app-stale's rejection metric (moved) rose from {moved_before} to {moved_after}"),
+        format!("app-stale's rejection metric (moved) rose from {moved_before} to {moved_after} on its /metrics"),
     );
     let on_target = t
         .shard("shard_3")
@@ -403,7 +397,10 @@ async fn scenario() -> Claims {
         .await
         .unwrap()
         .is_some();
-    claims.check(landed.is_ok() && on_target, "its retry landed on shard_3");
+    claims.check(
+        landed == "committed" && on_target,
+        "its retry landed on shard_3",
+    );
 
     println!(
         "\n== 4. the guide's bare re-point is refused; history answers \"where was 8842 before?\""
@@ -601,15 +598,8 @@ async fn scenario() -> Claims {
     ledger.acked.extend(extra.acked);
     ledger.unacked.extend(extra.unacked);
     let audit = Audit::of(&t, &ledger).await;
-    let mut by_reason = refusals(&routers);
-    for (reason, n) in refusals(std::slice::from_ref(&stale.router)) {
-        *by_reason.entry(reason).or_default() += n;
-    }
-    let retries: u64 = routers
-        .iter()
-        .chain([&stale.router])
-        .map(|r| r.directory().stats().retries)
-        .sum();
+    let by_reason = refusals(&routers);
+    let retries: u64 = routers.iter().map(|r| r.directory().stats().retries).sum();
     let mut failed: BTreeMap<String, u64> = BTreeMap::new();
     for ((tenant, kind), n) in &ledger.failed {
         *failed
@@ -618,7 +608,9 @@ async fn scenario() -> Claims {
     }
     println!("   writes attempted   {attempted} (by the workload)");
     println!("   writes committed   {committed}");
-    println!("   retried            {retries}; shard refusals by reason {by_reason:?}");
+    println!(
+        "   retried            {retries} (by the workload); shard refusals by reason {by_reason:?}"
+    );
     println!("   writes failed      {failed_writes} {failed:?}");
     for (kind, e) in &ledger.first_error {
         println!("     first {kind}: {e}");
@@ -669,6 +661,10 @@ async fn scenario() -> Claims {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    if std::env::args().nth(1).as_deref() == Some(stale::ARG) {
+        stale::run().await;
+        return ExitCode::SUCCESS;
+    }
     let claims = tokio::select! {
         c = scenario() => c,
         _ = tokio::signal::ctrl_c() => {
