@@ -20,7 +20,8 @@
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 
-use crate::entry::{EntityKey, Entry};
+use crate::cache_key::CacheKey;
+use crate::entry::{AsKeyRef, EntityKey, Entry};
 
 /// Held inline in the map: a hit reads it without one more pointer to follow.
 #[derive(Clone)]
@@ -69,7 +70,7 @@ fn interleave(step: Step) {
 
 pub(crate) struct Cache {
     /// foldhash (seeded per process): a third of SipHash's cost on the hit path.
-    map: papaya::HashMap<EntityKey, Cached, foldhash::fast::RandomState>,
+    map: papaya::HashMap<CacheKey, Cached, foldhash::fast::RandomState>,
     version: AtomicI64,
     epoch: AtomicU64,
     /// Serialises the writers of the known version (advances, flushes, adoptions).
@@ -130,15 +131,12 @@ impl Cache {
     }
 
     /// What the cache holds for `key` (an [`EntityKey`] or a borrowed [`crate::entry::KeyRef`]).
-    pub fn get<Q>(&self, key: &Q) -> Lookup
-    where
-        Q: papaya::Equivalent<EntityKey> + std::hash::Hash + ?Sized,
-    {
+    pub fn get<Q: AsKeyRef + ?Sized>(&self, key: &Q) -> Lookup {
         // Before the entry: a mark made before the version was raised is then visible.
         let known = self.version.load(SeqCst);
         let epoch = self.epoch.load(SeqCst);
         interleave(Step::VersionLoaded);
-        match self.map.pin().get(key) {
+        match self.map.pin().get(&key.key_ref()) {
             Some(c) if c.epoch == epoch && c.changed_at.is_none() => Lookup::Current {
                 entry: c.entry.clone(),
                 stamp: known.max(c.read_at),
@@ -192,7 +190,7 @@ impl Cache {
         let mut tombstones = Vec::new();
         for (key, at) in changed.iter().filter(|(_, at)| *at > known) {
             let at = *at;
-            let marked = map.compute(key.clone(), |old| match old {
+            let marked = map.compute(CacheKey::from(key), |old| match old {
                 Some((_, c))
                     if c.epoch == epoch && (c.read_at >= at || c.changed_at >= Some(at)) =>
                 {
@@ -222,7 +220,9 @@ impl Cache {
         // A fill that read before a change now finds the known version past its read.
         for (key, at) in tombstones {
             // Unless a fill that read at or after the change replaced it.
-            let _ = map.remove_if(key, |_, c| c.entry.is_none() && c.changed_at == Some(at));
+            let _ = map.remove_if(&key.key_ref(), |_, c| {
+                c.entry.is_none() && c.changed_at == Some(at)
+            });
         }
         Advanced::ByEntity
     }
@@ -252,7 +252,7 @@ impl Cache {
             read_at,
             changed_at: None,
         };
-        let stored = map.compute(key.clone(), |old| {
+        let stored = map.compute(CacheKey::from(key), |old| {
             let newer_or_changed = old.is_some_and(|(_, c)| {
                 c.epoch == epoch
                     && (c.changed_at.is_some_and(|at| at > read_at)
@@ -288,7 +288,7 @@ impl Cache {
         map.retain(|_, c| c.epoch == epoch && c.changed_at.is_none());
         let target = self.max_entries - self.max_entries / 10;
         let excess = map.len().saturating_sub(target);
-        let victims: Vec<EntityKey> = map.keys().take(excess).cloned().collect();
+        let victims: Vec<CacheKey> = map.keys().take(excess).cloned().collect();
         for key in &victims {
             map.remove(key);
         }
@@ -452,7 +452,7 @@ mod tests {
         assert!(cache.fill(&key(1), Some(at("s1", 1, 5)), 5));
         let _turn = cache.lock();
         cache.map.pin().insert(
-            key(2),
+            CacheKey::from(&key(2)),
             Cached {
                 entry: None,
                 epoch: 0,

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime};
 
 use crate::cache::{Cache, Lookup};
-use crate::entry::{EntityKey, Entry, KeyRef, State};
+use crate::entry::{AsKeyRef, EntityKey, Entry, KeyRef, State};
 use crate::error::{Error, Result};
 use crate::metrics::{Counters, Stats};
 use crate::policy::{Cached, Policy};
@@ -311,7 +311,7 @@ impl Directory {
         owned: impl FnOnce(&Q) -> EntityKey,
     ) -> Option<Result<(Arc<Entry>, i64)>>
     where
-        Q: papaya::Equivalent<EntityKey> + std::hash::Hash,
+        Q: AsKeyRef,
     {
         if !self.inner.watch.connected() {
             return None;

@@ -27,22 +27,39 @@ impl EntityKey {
 }
 
 /// An [`EntityKey`] borrowed from two `&str`: a cache hit looks up with it and allocates
-/// nothing. Hashes as an `EntityKey` does (`String` hashes as its `str`, fields in order).
+/// nothing. Hashes as the cache's key does (`crate::cache_key`).
 #[derive(Hash)]
 pub(crate) struct KeyRef<'a> {
     pub entity_type: &'a str,
     pub entity_id: &'a str,
 }
 
-impl papaya::Equivalent<EntityKey> for KeyRef<'_> {
-    fn equivalent(&self, key: &EntityKey) -> bool {
-        self.entity_type == key.entity_type && self.entity_id == key.entity_id
-    }
-}
-
 impl KeyRef<'_> {
     pub fn to_owned(&self) -> EntityKey {
         EntityKey::new(self.entity_type, self.entity_id)
+    }
+}
+
+/// What the cache can be asked by: an owned key or a borrowed one.
+pub(crate) trait AsKeyRef {
+    fn key_ref(&self) -> KeyRef<'_>;
+}
+
+impl AsKeyRef for EntityKey {
+    fn key_ref(&self) -> KeyRef<'_> {
+        KeyRef {
+            entity_type: &self.entity_type,
+            entity_id: &self.entity_id,
+        }
+    }
+}
+
+impl AsKeyRef for KeyRef<'_> {
+    fn key_ref(&self) -> KeyRef<'_> {
+        KeyRef {
+            entity_type: self.entity_type,
+            entity_id: self.entity_id,
+        }
     }
 }
 

@@ -46,6 +46,7 @@ macro_rules! connector_of {
 
 mod backoff;
 mod cache;
+mod cache_key;
 #[cfg(feature = "debug-http")]
 pub mod debug_http;
 mod directory;
