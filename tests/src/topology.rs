@@ -22,6 +22,9 @@ pub const SHARD_SETTINGS: &[(&str, &str)] = &[
     ("max_wal_senders", "16"),
     ("max_logical_replication_workers", "8"),
     ("max_worker_processes", "16"),
+    // The logical replication launcher starts a subscription's worker at most once per this
+    // interval (5 s by default): back-to-back moves onto one shard would wait it out.
+    ("wal_retrieve_retry_interval", "100ms"),
 ];
 
 /// What the directory runs with: commit timestamps, so that the demo times convergence from the
