@@ -20,11 +20,11 @@ use serde_json::Value;
 use shard_directory_client::{Directory, DirectoryConfig, EntityKey, Router};
 use shard_directory_e2e::workload::{refusals, Audit, Ledger, Workload};
 use shard_directory_e2e::{within, Topology};
-use shard_directory_mover::{MethodChoice, MoveOptions, MoveRecord, Observer, Phase};
+use shard_directory_mover::{MethodChoice, MoveOptions, Mover, Observer, Phase};
 use stale::StaleInstance;
+use tokio::sync::Notify;
 
 mod stale;
-use tokio::sync::Notify;
 
 const TENANTS: [&str; 4] = ["8842", "17", "23", "101"];
 const HOMES: [&str; 4] = ["shard_1", "shard_2", "shard_3", "shard_1"];
@@ -231,20 +231,14 @@ async fn converged(t: &Topology, instances: &[Instance], version: i64) -> bool {
 
 /// Moves `tenant` to `to` with the mover (logical: copy, then stream; writes refused only for
 /// the final catch-up), printing its progress.
-async fn move_tenant(
-    t: &Topology,
-    tenant: &str,
-    to: &str,
-    progress: Arc<Progress>,
-) -> Result<MoveRecord, shard_directory_mover::Failure> {
+/// A mover that moves by logical replication (copy, then stream; writes refused only for the
+/// final catch-up) and reports to `progress`.
+fn logical_mover(t: &Topology, progress: Arc<Progress>) -> Mover {
     let options = MoveOptions {
         method: MethodChoice::Logical,
         ..Default::default()
     };
-    t.mover(options)
-        .with_observer(progress)
-        .start(&EntityKey::new("tenant", tenant), to)
-        .await
+    t.mover(options).with_observer(progress)
 }
 
 async fn scenario() -> Claims {
@@ -309,7 +303,9 @@ async fn scenario() -> Claims {
     println!("\n== 1. move tenant 8842 from shard_1 to shard_3 with the mover, under load");
     print_rows("8842 before", &rows_per_shard(&t, "8842").await);
     let before_move = SystemTime::now();
-    let moved = move_tenant(&t, "8842", "shard_3", Progress::new(None)).await;
+    let moved = logical_mover(&t, Progress::new(None))
+        .start(&EntityKey::new("tenant", "8842"), "shard_3")
+        .await;
     let record = match moved {
         Ok(r) => r,
         Err(e) => {
@@ -469,23 +465,12 @@ async fn scenario() -> Claims {
 
     println!("\n== 5. block the directory: active tenants are served from cache, a tenant mid-move fails closed");
     let hold = Progress::new(Some(Phase::Copying));
-    let mover_task = {
-        let (t_dir, hold) = (t.directory_config(), hold.clone());
-        tokio::spawn(async move {
-            let mover = shard_directory_mover::Mover::new(
-                t_dir,
-                shard_directory_mover::Overrides::default(),
-                MoveOptions {
-                    method: MethodChoice::Logical,
-                    ..Default::default()
-                },
-            )
-            .with_observer(hold);
-            mover
-                .start(&EntityKey::new("tenant", "17"), "shard_1")
-                .await
-        })
-    };
+    let mover = logical_mover(&t, hold.clone());
+    let mover_task = tokio::spawn(async move {
+        mover
+            .start(&EntityKey::new("tenant", "17"), "shard_1")
+            .await
+    });
     hold.held.notified().await;
     let migrating = t.step("SELECT shard_directory.current_version()").await;
     for i in &instances {
