@@ -67,8 +67,11 @@ fn request() -> Request {
     Request::read().unwrap_or_else(|e| refuse(e))
 }
 
-/// The client's declared version (and entity, if it declared one), checked.
+/// The client's declared version (and entity, if it declared one), checked. Counted once the
+/// check's lock is held, so that a backend holding it exclusively (a fence change, or a test
+/// reading the counts) sees no check of another backend counted meanwhile.
 fn check_request() {
+    locks::check(state::tables().settings);
     stats::count(Counter::Checks);
     let request = request();
     check_shard(request.version);
@@ -155,6 +158,7 @@ pub fn shard_directory_protect_statement<'a>(trigger: &'a PgTrigger<'a>) -> Trig
 #[pg_trigger]
 pub fn shard_directory_protect_row<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     require_name(trigger, ROW_TRIGGER, "shard_directory_protect_row");
+    locks::check(state::tables().settings);
     let request = request();
     check_shard(request.version);
     let data = trigger.trigger_data();
