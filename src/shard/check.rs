@@ -27,9 +27,8 @@ fn refuse(e: SdError) -> ! {
     e.raise()
 }
 
-/// Shard-wide: the lock, then `min_accepted`.
+/// Shard-wide: `min_accepted`. The caller holds the check's lock ([`lock`]).
 fn check_shard(version: Option<i64>) {
-    locks::check(state::tables().settings);
     let minimum = state::min_accepted();
     match version {
         Some(v) if v >= minimum => {}
@@ -37,7 +36,7 @@ fn check_shard(version: Option<i64>) {
     }
 }
 
-/// One entity's fence. The caller holds the check's lock (`check_shard` took it).
+/// One entity's fence. The caller holds the check's lock ([`lock`]).
 fn check_entity(key: EntityRef<'_>, version: Option<i64>) {
     match state::fence(key) {
         Some(Fence::Owned { min_version }) if version.is_none_or(|v| v < min_version) => {
@@ -63,6 +62,11 @@ fn check_entity(key: EntityRef<'_>, version: Option<i64>) {
     }
 }
 
+/// Takes the check's lock, first: what the check reads and counts comes after it.
+fn lock() {
+    locks::check(state::tables().settings);
+}
+
 fn request() -> Request {
     Request::read().unwrap_or_else(|e| refuse(e))
 }
@@ -71,7 +75,7 @@ fn request() -> Request {
 /// check's lock is held, so that a backend holding it exclusively (a fence change, or a test
 /// reading the counts) sees no check of another backend counted meanwhile.
 fn check_request() {
-    locks::check(state::tables().settings);
+    lock();
     stats::count(Counter::Checks);
     let request = request();
     check_shard(request.version);
@@ -158,7 +162,7 @@ pub fn shard_directory_protect_statement<'a>(trigger: &'a PgTrigger<'a>) -> Trig
 #[pg_trigger]
 pub fn shard_directory_protect_row<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     require_name(trigger, ROW_TRIGGER, "shard_directory_protect_row");
-    locks::check(state::tables().settings);
+    lock();
     let request = request();
     check_shard(request.version);
     let data = trigger.trigger_data();
