@@ -22,7 +22,6 @@ mod directory;
 mod entity;
 mod error;
 mod guc;
-mod plans;
 mod privilege;
 mod shard;
 mod xact;

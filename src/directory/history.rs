@@ -2,21 +2,20 @@
 
 use pgrx::prelude::*;
 
+use super::heap;
 use super::row::Entry;
 use super::statement::Bump;
 use super::transition::Transition;
 use super::writer::{self, Writer};
 use crate::catalog;
 use crate::error::{required, spi};
-use crate::plans::Plan;
 use crate::privilege;
-use pgrx::pg_sys::PgBuiltInOids;
 
 fn history_table() -> pg_sys::Oid {
     catalog::relation(c"shard_directory_history")
 }
 
-/// One history row, written as the table's owner on behalf of `changed_by`: writers hold no
+/// One history row, written by the extension on behalf of `changed_by`: writers hold no
 /// privilege on history, so they cannot forge it.
 pub fn record(
     old: Option<&Entry>,
@@ -34,57 +33,38 @@ pub fn record(
     let Some(key) = new.or(old).map(|e| &e.key) else {
         return;
     };
-    let shard = |e: Option<&Entry>| e.map(|e| e.placement.shard_name.clone());
-    let state = |e: Option<&Entry>| e.map(|e| e.placement.state.as_str().to_owned());
-    let target = |e: Option<&Entry>| e.and_then(|e| e.placement.target_shard.clone());
-    let region = |e: Option<&Entry>| e.and_then(|e| e.region.clone());
-    privilege::as_owner_of(history_table(), || {
-        spi(
-            "record history",
-            Spi::connect_mut(|c| {
-                let plan = RECORD.kept(c)?;
-                c.update(
-                    &*plan,
-                    None,
-                    &[
-                        op.into(),
-                        transition.as_str().into(),
-                        key.entity_type.as_str().into(),
-                        key.entity_id.as_str().into(),
-                        shard(old).into(),
-                        shard(new).into(),
-                        state(old).into(),
-                        state(new).into(),
-                        target(old).into(),
-                        target(new).into(),
-                        region(old).into(),
-                        region(new).into(),
-                        bump.version.into(),
-                        bump.at.into(),
-                        changed_by.into(),
-                    ],
-                )
-                .map(|_| ())
-            }),
-        )
-    });
+    let shard = |e: Option<&Entry>| e.map(|e| e.placement.shard_name.as_str()).into_datum();
+    let state = |e: Option<&Entry>| e.map(|e| e.placement.state.as_str()).into_datum();
+    let target = |e: Option<&Entry>| {
+        e.and_then(|e| e.placement.target_shard.as_deref())
+            .into_datum()
+    };
+    let region = |e: Option<&Entry>| e.and_then(|e| e.region.as_deref()).into_datum();
+    let txid = unsafe { pg_sys::GetTopFullTransactionId() }.value as i64;
+    let changed_at = super::triggers::now();
+    heap::insert(
+        history_table(),
+        &[
+            (c"op", op.into_datum()),
+            (c"transition", transition.as_str().into_datum()),
+            (c"entity_type", key.entity_type.as_str().into_datum()),
+            (c"entity_id", key.entity_id.as_str().into_datum()),
+            (c"old_shard", shard(old)),
+            (c"new_shard", shard(new)),
+            (c"old_state", state(old)),
+            (c"new_state", state(new)),
+            (c"old_target", target(old)),
+            (c"new_target", target(new)),
+            (c"old_region", region(old)),
+            (c"new_region", region(new)),
+            (c"version", bump.version.into_datum()),
+            (c"version_at", bump.at.into_datum()),
+            (c"changed_at", changed_at.into_datum()),
+            (c"changed_by", changed_by.into_datum()),
+            (c"txid", txid.into_datum()),
+        ],
+    );
 }
-
-const TEXT: PgBuiltInOids = PgBuiltInOids::TEXTOID;
-
-// Its 15 parameters: 12 texts, the version, its time, the writer (laid out by hand).
-#[rustfmt::skip]
-static RECORD: Plan = Plan {
-    sql: "INSERT INTO shard_directory.shard_directory_history \
-          (op, transition, entity_type, entity_id, old_shard, new_shard, old_state, new_state, \
-           old_target, new_target, old_region, new_region, version, version_at, changed_by) \
-          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
-    args: &[
-        TEXT, TEXT, TEXT, TEXT, TEXT, TEXT, TEXT, TEXT, TEXT, TEXT, TEXT, TEXT,
-        PgBuiltInOids::INT8OID, PgBuiltInOids::TIMESTAMPTZOID, TEXT,
-    ],
-    mutating: true,
-};
 
 /// The shard that held the entity at `at`, from history; NULL if it did not exist then. History
 /// is ordered by version, which follows commit order; `version_at` is when each version was

@@ -1,6 +1,7 @@
 //! Directory role: the entity -> shard mapping, its version, notification, history and the move
 //! state machine.
 
+mod heap;
 mod history;
 mod moves;
 mod row;

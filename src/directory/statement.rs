@@ -1,8 +1,8 @@
 //! One version bump per statement that changes the directory.
 //!
 //! A BEFORE STATEMENT trigger opens a frame; the first row the statement changes bumps
-//! `shard_directory_version` (the row lock serialises concurrent writers until commit, so
-//! versions follow commit order) and every row of the statement is stamped with that value; the
+//! `shard_directory_version` (under `lock_versions`, held until commit, so versions follow
+//! commit order) and every row of the statement is stamped with that value; the
 //! AFTER STATEMENT trigger closes the frame and notifies. A statement runs several statement
 //! trigger pairs when it is a WITH query or an `INSERT ... ON CONFLICT DO UPDATE`: they share one
 //! frame, so one statement gets one version and one notification. A statement whose rows were
@@ -12,9 +12,9 @@ use std::cell::RefCell;
 
 use pgrx::prelude::*;
 
+use super::heap;
 use super::writer::{self, Writer};
 use crate::error::{spi, SdError};
-use crate::plans::Plan;
 use crate::privilege;
 
 /// The version a statement bumped to, and when: the time is taken while the version row is
@@ -126,48 +126,54 @@ pub fn end() {
     }
 }
 
-/// The version table's OID; the bump runs as its owner.
+/// The version table's OID.
 fn version_table() -> pg_sys::Oid {
     crate::catalog::relation(c"shard_directory_version")
 }
 
-static BUMP: Plan = Plan {
-    sql: "UPDATE shard_directory.shard_directory_version \
-          SET version = version + 1, updated_at = greatest(clock_timestamp(), updated_at) \
-          RETURNING version, updated_at",
-    args: &[],
-    mutating: true,
-};
+/// The lock that orders versions: every writer of the version row takes it before reading the
+/// row and holds it until its transaction ends, so versions follow commit order. A lock on the
+/// version table as an object (`pg_locks.locktype = 'object'`), not on the table itself: readers
+/// and autovacuum never wait for it.
+pub fn lock_versions() {
+    unsafe {
+        pg_sys::LockDatabaseObject(
+            pg_sys::RelationRelationId,
+            version_table(),
+            0,
+            pg_sys::ExclusiveLock as pg_sys::LOCKMODE,
+        )
+    }
+}
 
 fn bump() -> Bump {
-    privilege::as_owner_of(version_table(), || {
-        let row = spi(
-            "bump shard_directory_version",
-            Spi::connect_mut(|c| {
-                let plan = BUMP.kept(c)?;
-                let t = c.update(&*plan, None, &[])?;
-                if t.is_empty() {
-                    return Ok(None);
-                }
-                let row = t.first();
-                Ok::<_, pgrx::spi::SpiError>(
-                    row.get::<i64>(1)?.zip(row.get::<TimestampWithTimeZone>(2)?),
-                )
-            }),
-        );
-        let Some((version, at)) = row else {
+    lock_versions();
+    heap::update_singleton(version_table(), "shard_directory_version", |read| {
+        let get = |name| unsafe { read(name).and_then(|d| i64::from_datum(d, false)) };
+        let (Some(version), Some(at)) = (get(c"version"), get(c"updated_at")) else {
             SdError::SingletonMissing {
                 table: "shard_directory_version",
             }
             .raise()
         };
-        Bump { version, at }
+        // Never before the previous bump's time: version_at follows version order.
+        let at = at.max(unsafe { pg_sys::GetCurrentTimestamp() });
+        let bump = Bump {
+            version: version + 1,
+            at: spi("version time", TimestampWithTimeZone::try_from(at)),
+        };
+        let columns = vec![
+            (c"version", bump.version.into_datum()),
+            (c"updated_at", bump.at.into_datum()),
+        ];
+        (columns, bump)
     })
 }
 
 /// Takes back `version` if it is still the latest (a deeper statement may have bumped past it;
 /// then the gap stays, which clients read as a change that was not one).
 fn unbump(version: i64) {
+    lock_versions();
     privilege::as_owner_of(version_table(), || {
         writer::as_writer(Writer::Unbump, || {
             spi(
@@ -185,6 +191,7 @@ fn unbump(version: i64) {
 /// Raises the version to at least `version` (a restore); never lowers it. `at`, the restored
 /// version row's time, is taken as it was dumped.
 pub fn raise_to(version: i64, at: Option<TimestampWithTimeZone>) {
+    lock_versions();
     privilege::as_owner_of(version_table(), || {
         writer::as_writer(Writer::Restore, || {
             spi(

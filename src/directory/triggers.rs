@@ -13,7 +13,8 @@ use super::{history, statement};
 use crate::error::{spi, SdError};
 use crate::{catalog, guc, privilege, TriggerResult};
 
-fn now() -> TimestampWithTimeZone {
+/// When the transaction started: `now()`.
+pub(super) fn now() -> TimestampWithTimeZone {
     spi(
         "transaction start",
         TimestampWithTimeZone::try_from(unsafe { pg_sys::GetCurrentTransactionStartTimestamp() }),
@@ -198,6 +199,8 @@ fn shard_directory_version_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResul
     );
     match op(trigger) {
         PgTriggerOperation::Update => {
+            // Any update of the row (a DBA's by hand too) is ordered with the bumps.
+            statement::lock_versions();
             let (from, to) = (
                 trigger.old().map_or(0, |t| version_of(&t)),
                 trigger.new().map_or(0, |t| version_of(&t)),

@@ -1,0 +1,187 @@
+//! The directory's bookkeeping rows (its version, its history), written straight to the heap as
+//! PostgreSQL writes its catalogs, and as Citus writes its metadata tables: no statement, no
+//! executor, no plan. These writes are on every directory change's path, and running them as SQL
+//! through SPI cost more than the rest of the change (a `perf` profile of `bench_directory`).
+//!
+//! What SQL would have checked is ours to keep: every column gets a value (an identity from its
+//! sequence), the row fits the table's constraints, and the version row is written under the lock
+//! that orders versions. No trigger fires and no privilege is checked: these are the extension's
+//! own writes, made for a writer who holds no privilege on these tables.
+
+use std::cell::Cell;
+use std::ffi::CStr;
+
+use pgrx::prelude::*;
+
+use crate::catalog;
+use crate::error::SdError;
+
+unsafe extern "C-unwind" {
+    /// `nextval()` without its privilege check (commands/sequence.h); pgrx has no binding.
+    fn nextval_internal(relid: pg_sys::Oid, check_permissions: bool) -> i64;
+}
+
+thread_local! {
+    /// The identity column last written, and its sequence.
+    static IDENTITY: Cell<Option<((pg_sys::Oid, i16), pg_sys::Oid)>> = const { Cell::new(None) };
+}
+
+/// The value of one column of a row being written.
+pub type Column<'a> = (&'a CStr, Option<pg_sys::Datum>);
+
+/// A table of the extension opened for writing (`RowExclusiveLock`, kept until the transaction
+/// ends, as the executor keeps it).
+struct Table(pg_sys::Relation);
+
+impl Table {
+    fn open(relid: pg_sys::Oid) -> Table {
+        Table(unsafe { pg_sys::table_open(relid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE) })
+    }
+
+    fn relid(&self) -> pg_sys::Oid {
+        unsafe { (*self.0).rd_id }
+    }
+
+    fn attributes(&self) -> &[pg_sys::FormData_pg_attribute] {
+        // SAFETY: the descriptor lives as long as the relation is open.
+        unsafe {
+            let desc = (*self.0).rd_att;
+            (*desc).attrs.as_slice((*desc).natts as usize)
+        }
+    }
+
+    fn broken(&self, problem: String) -> ! {
+        SdError::Spi {
+            during: "write the directory's bookkeeping",
+            cause: format!("{}: {problem}", catalog::relation_name(self.relid())),
+            datatype: false,
+        }
+        .raise()
+    }
+
+    /// The row's values and nulls in the table's column order. A column not in `columns` gets
+    /// its identity's next value, or NULL where NULL is allowed.
+    fn form(&self, columns: &[Column<'_>]) -> (Vec<pg_sys::Datum>, Vec<bool>) {
+        let mut values = Vec::with_capacity(self.attributes().len());
+        let mut nulls = Vec::with_capacity(self.attributes().len());
+        for (i, attr) in self.attributes().iter().enumerate() {
+            let name = unsafe { CStr::from_ptr(attr.attname.data.as_ptr()) };
+            let given = columns.iter().find(|(c, _)| *c == name).map(|(_, v)| *v);
+            let value = match given {
+                _ if attr.attisdropped => None,
+                Some(value) => value,
+                None if attr.attidentity != 0 => Some(self.next_identity(i)),
+                None => None,
+            };
+            if value.is_none() && attr.attnotnull && !attr.attisdropped {
+                self.broken(format!("no value for its NOT NULL column {name:?}"));
+            }
+            values.push(value.unwrap_or(pg_sys::Datum::from(0)));
+            nulls.push(value.is_none());
+        }
+        (values, nulls)
+    }
+
+    fn next_identity(&self, index: usize) -> pg_sys::Datum {
+        let column = (self.relid(), (index + 1) as i16);
+        let sequence = match IDENTITY.get() {
+            Some((known, sequence)) if known == column => sequence,
+            _ => {
+                // Found through pg_depend: a scan worth doing once per backend, not per row. A
+                // table made anew (the extension re-created) has a new OID, so a new lookup.
+                let sequence = unsafe { pg_sys::getIdentitySequence(column.0, column.1, false) };
+                IDENTITY.set(Some((column, sequence)));
+                sequence
+            }
+        };
+        let value =
+            unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| nextval_internal(sequence, false)) };
+        pg_sys::Datum::from(value)
+    }
+}
+
+impl Drop for Table {
+    fn drop(&mut self) {
+        unsafe { pg_sys::table_close(self.0, pg_sys::NoLock as pg_sys::LOCKMODE) }
+    }
+}
+
+/// Inserts one row into `relid`, indexes included.
+pub fn insert(relid: pg_sys::Oid, columns: &[Column<'_>]) {
+    let table = Table::open(relid);
+    let (mut values, mut nulls) = table.form(columns);
+    // SAFETY: the descriptor matches `values` and `nulls` (one per attribute); the tuple is
+    // palloc'd in the current context and freed with it.
+    unsafe {
+        let tuple =
+            pg_sys::heap_form_tuple((*table.0).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
+        pg_sys::CatalogTupleInsert(table.0, tuple);
+    }
+}
+
+/// The singleton row of `relid` as the latest committed state plus this transaction's own
+/// changes shows it, handed to `change`, which returns the columns to replace; the row is
+/// rewritten with them. The caller holds the lock every writer of this row takes, so no other
+/// transaction can be changing it: the row read is the one to update.
+pub fn update_singleton<R>(
+    relid: pg_sys::Oid,
+    table_name: &'static str,
+    change: impl FnOnce(&dyn Fn(&CStr) -> Option<pg_sys::Datum>) -> (Vec<Column<'static>>, R),
+) -> R {
+    let table = Table::open(relid);
+    // SAFETY: the scan, its tuple and the modified copy are used while the relation is open;
+    // SnapshotSelf is a static of PostgreSQL's.
+    unsafe {
+        // Through the primary key: the row's page moves when the table bloats (a one-row table
+        // updated by every change does, whenever pruning falls behind), and a scan of the heap
+        // would read every page of it.
+        let scan = pg_sys::systable_beginscan(
+            table.0,
+            pg_sys::RelationGetPrimaryKeyIndex(table.0),
+            true,
+            &raw mut pg_sys::SnapshotSelfData,
+            0,
+            std::ptr::null_mut(),
+        );
+        let tuple = pg_sys::systable_getnext(scan);
+        if tuple.is_null() {
+            pg_sys::systable_endscan(scan);
+            SdError::SingletonMissing { table: table_name }.raise();
+        }
+        let desc = (*table.0).rd_att;
+        let read = |name: &CStr| {
+            let attnum = pg_sys::SPI_fnumber(desc, name.as_ptr());
+            if attnum <= 0 {
+                table.broken(format!("no column {name:?}"));
+            }
+            let mut is_null = false;
+            let datum = pg_sys::heap_getattr(tuple, attnum, desc, &mut is_null);
+            (!is_null).then_some(datum)
+        };
+        let (columns, result) = change(&read);
+        let natts = (*desc).natts as usize;
+        let (mut values, mut nulls, mut replace) = (
+            vec![pg_sys::Datum::from(0); natts],
+            vec![false; natts],
+            vec![false; natts],
+        );
+        for (name, value) in &columns {
+            let i = (pg_sys::SPI_fnumber(desc, name.as_ptr()) - 1) as usize;
+            values[i] = value.unwrap_or(pg_sys::Datum::from(0));
+            nulls[i] = value.is_none();
+            replace[i] = true;
+        }
+        let new = pg_sys::heap_modify_tuple(
+            tuple,
+            desc,
+            values.as_mut_ptr(),
+            nulls.as_mut_ptr(),
+            replace.as_mut_ptr(),
+        );
+        pg_sys::CatalogTupleUpdate(table.0, &mut (*tuple).t_self, new);
+        pg_sys::systable_endscan(scan);
+        // Later statements of this transaction see the new row, as after an UPDATE.
+        pg_sys::CommandCounterIncrement();
+        result
+    }
+}
