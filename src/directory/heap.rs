@@ -100,6 +100,38 @@ impl Table {
     }
 }
 
+/// A table's indexes opened for maintenance by the writes here (as PostgreSQL maintains its
+/// catalogs' indexes); closed on drop.
+struct Indexes(pg_sys::CatalogIndexState);
+
+impl Indexes {
+    /// Refuses an index of a kind these writes cannot keep right: an expression or a partial
+    /// index (one a DBA added by hand) would need the executor.
+    fn open(table: &Table) -> Indexes {
+        // SAFETY: the index infos live in the state, which lives until `CatalogCloseIndexes`.
+        unsafe {
+            let state = Indexes(pg_sys::CatalogOpenIndexes(table.0));
+            let infos = std::slice::from_raw_parts(
+                (*state.0).ri_IndexRelationInfo,
+                (*state.0).ri_NumIndices.max(0) as usize,
+            );
+            if infos
+                .iter()
+                .any(|&i| !(*i).ii_Expressions.is_null() || !(*i).ii_Predicate.is_null())
+            {
+                table.broken("an expression or partial index on it cannot be kept by the extension's writes; drop it".into());
+            }
+            state
+        }
+    }
+}
+
+impl Drop for Indexes {
+    fn drop(&mut self) {
+        unsafe { pg_sys::CatalogCloseIndexes(self.0) }
+    }
+}
+
 impl Drop for Table {
     fn drop(&mut self) {
         unsafe { pg_sys::table_close(self.0, pg_sys::NoLock as pg_sys::LOCKMODE) }
@@ -115,7 +147,7 @@ pub fn insert(relid: pg_sys::Oid, columns: &[Column<'_>]) {
     unsafe {
         let tuple =
             pg_sys::heap_form_tuple((*table.0).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
-        pg_sys::CatalogTupleInsert(table.0, tuple);
+        pg_sys::CatalogTupleInsertWithInfo(table.0, tuple, Indexes::open(&table).0);
     }
 }
 
@@ -178,7 +210,8 @@ pub fn update_singleton<R>(
             nulls.as_mut_ptr(),
             replace.as_mut_ptr(),
         );
-        pg_sys::CatalogTupleUpdate(table.0, &mut (*tuple).t_self, new);
+        let indexes = Indexes::open(&table);
+        pg_sys::CatalogTupleUpdateWithInfo(table.0, &mut (*tuple).t_self, new, indexes.0);
         pg_sys::systable_endscan(scan);
         // Later statements of this transaction see the new row, as after an UPDATE.
         pg_sys::CommandCounterIncrement();

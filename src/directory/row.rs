@@ -1,6 +1,9 @@
 //! Reading a `shard_directory` row out of a trigger tuple.
 
 use pgrx::prelude::*;
+use std::num::NonZeroUsize;
+
+use pgrx::datum::UnboxDatum;
 use pgrx::WhoAllocated;
 
 use super::transition::{EntityKey, Placement, State};
@@ -13,28 +16,64 @@ pub struct Entry {
     pub region: Option<String>,
 }
 
-fn text<A: WhoAllocated>(t: &PgHeapTuple<'_, A>, column: &'static str) -> Option<String> {
-    spi(column, t.get_by_name::<String>(column))
+/// Where each of `names` is in `t`'s columns, found in one pass: reading by name would scan the
+/// columns once per value, and every directory change reads two rows twice.
+pub fn positions<A: WhoAllocated, const N: usize>(
+    t: &PgHeapTuple<'_, A>,
+    names: [&'static str; N],
+) -> [Option<NonZeroUsize>; N] {
+    let mut found = [None; N];
+    for (attnum, attr) in t.attributes() {
+        if attr.attisdropped {
+            continue;
+        }
+        let name = attr.name();
+        if let Some(i) = names.iter().position(|n| *n == name) {
+            found[i] = Some(attnum);
+        }
+    }
+    found
 }
 
-fn not_null<A: WhoAllocated>(t: &PgHeapTuple<'_, A>, column: &'static str) -> String {
-    required(text(t, column), column)
+/// The value of column `name`, at `position` (from `positions`).
+pub fn value<A: WhoAllocated, T>(
+    t: &PgHeapTuple<'_, A>,
+    position: Option<NonZeroUsize>,
+    name: &'static str,
+) -> Option<T>
+where
+    T: FromDatum + IntoDatum + for<'tup> UnboxDatum<As<'tup> = T> + 'static,
+{
+    let position = spi(name, position.ok_or_else(|| format!("no column {name}")));
+    spi(name, t.get_by_index::<T>(position))
 }
+
+const COLUMNS: [&str; 6] = [
+    "entity_type",
+    "entity_id",
+    "state",
+    "shard_name",
+    "target_shard",
+    "region",
+];
 
 impl Entry {
     pub fn read<A: WhoAllocated>(t: &PgHeapTuple<'_, A>) -> Entry {
+        let at = positions(t, COLUMNS);
+        let text = |i: usize| value::<A, String>(t, at[i], COLUMNS[i]);
+        let not_null = |i: usize| required(text(i), COLUMNS[i]);
         let key = EntityKey {
-            entity_type: not_null(t, "entity_type"),
-            entity_id: not_null(t, "entity_id"),
+            entity_type: not_null(0),
+            entity_id: not_null(1),
         };
-        let state = State::parse(&key, &not_null(t, "state")).unwrap_or_else(|e| e.raise());
+        let state = State::parse(&key, &not_null(2)).unwrap_or_else(|e| e.raise());
         Entry {
             placement: Placement {
                 state,
-                shard_name: not_null(t, "shard_name"),
-                target_shard: text(t, "target_shard"),
+                shard_name: not_null(3),
+                target_shard: text(4),
             },
-            region: text(t, "region"),
+            region: text(5),
             key,
         }
     }

@@ -6,7 +6,7 @@ use std::ffi::CStr;
 
 use pgrx::prelude::*;
 
-use super::row::Entry;
+use super::row::{self, Entry};
 use super::transition::{self, Transition};
 use super::writer::{self, Writer};
 use super::{history, statement};
@@ -120,14 +120,14 @@ fn shard_directory_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
         new.check_shards().unwrap_or_else(|e| e.raise());
     }
     let mut tuple = tuple.into_owned();
-    spi("stamp version", tuple.set_by_name("version", bump.version));
-    spi("stamp updated_at", tuple.set_by_name("updated_at", now()));
+    let [version, updated_at, updated_by] =
+        row::positions(&tuple, ["version", "updated_at", "updated_by"])
+            .map(|at| spi("stamp the entry", at.ok_or("a stamped column is missing")));
+    spi("stamp version", tuple.set_by_index(version, bump.version));
+    spi("stamp updated_at", tuple.set_by_index(updated_at, now()));
     spi(
         "stamp updated_by",
-        tuple.set_by_name(
-            "updated_by",
-            privilege::role_name(privilege::current_role()),
-        ),
+        tuple.set_by_index(updated_by, privilege::role_name(privilege::current_role())),
     );
     Ok(Some(tuple))
 }
