@@ -3,9 +3,9 @@
 //! executor, no plan. These writes are on every directory change's path, and running them as SQL
 //! through SPI cost more than the rest of the change (a `perf` profile of `bench_directory`).
 //!
-//! What SQL would have checked is ours to keep: every column gets a value (an identity from its
-//! sequence), the row fits the table's constraints, and the version row is written under the lock
-//! that orders versions. No trigger fires and no privilege is checked: these are the extension's
+//! What SQL would have done is ours to do: every column gets a value (an identity from its
+//! sequence), the values written are ones the tables' CHECK constraints accept, the indexes are
+//! kept, and the version row is written under the lock that orders versions. No trigger fires and no privilege is checked: these are the extension's
 //! own writes, made for a writer who holds no privilege on these tables.
 
 use std::cell::Cell;

@@ -104,7 +104,7 @@ async fn concurrent_writers_get_distinct_versions_in_commit_order() {
         .unwrap()
         .get(0);
 
-    // The second writer changes a different entry, so only the version row can make it wait.
+    // The second writer changes a different entry, so only the version lock can make it wait.
     let racer = tokio::spawn(async move {
         second.batch_execute("BEGIN").await.unwrap();
         let v: i64 = second
@@ -115,17 +115,23 @@ async fn concurrent_writers_get_distinct_versions_in_commit_order() {
         second.batch_execute("COMMIT").await.unwrap();
         v
     });
-    eventually("the second writer to wait on the version row lock", DEADLINE, || async {
-        let waiting: bool = first
-            .query_one(
-                "SELECT wait_event_type IS NOT DISTINCT FROM 'Lock' FROM pg_stat_activity WHERE pid = $1",
-                &[&second_pid],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        waiting.then_some(())
-    })
+    eventually(
+        "the second writer to wait on the version lock",
+        DEADLINE,
+        || async {
+            let waiting: bool = first
+                .query_one(
+                    "SELECT EXISTS (SELECT FROM pg_locks WHERE pid = $1 AND NOT granted \
+                 AND locktype = 'object' AND classid = 'pg_class'::regclass \
+                 AND objid = 'shard_directory.shard_directory_version'::regclass)",
+                    &[&second_pid],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            waiting.then_some(())
+        },
+    )
     .await;
     assert!(!racer.is_finished());
     first.batch_execute("COMMIT").await.unwrap();
