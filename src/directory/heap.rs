@@ -5,8 +5,9 @@
 //!
 //! What SQL would have done is ours to do: every column gets a value (an identity from its
 //! sequence), the values written are ones the tables' CHECK constraints accept, the indexes are
-//! kept, and the version row is written under the lock that orders versions. No trigger fires and no privilege is checked: these are the extension's
-//! own writes, made for a writer who holds no privilege on these tables.
+//! kept, and the version row is written under the lock that orders versions. No trigger fires
+//! and no privilege is checked: these are the extension's own writes, made for a writer who
+//! holds no privilege on these tables.
 
 use std::cell::Cell;
 use std::ffi::CStr;
@@ -48,6 +49,15 @@ impl Table {
             let desc = (*self.0).rd_att;
             (*desc).attrs.as_slice((*desc).natts as usize)
         }
+    }
+
+    /// The position (from 1) of column `name`; an error naming it when the table has none.
+    fn attnum(&self, name: &CStr) -> i32 {
+        let attnum = unsafe { pg_sys::SPI_fnumber((*self.0).rd_att, name.as_ptr()) };
+        if attnum <= 0 {
+            self.broken(format!("no column {name:?}"));
+        }
+        attnum
     }
 
     fn broken(&self, problem: String) -> ! {
@@ -182,12 +192,8 @@ pub fn update_singleton<R>(
         }
         let desc = (*table.0).rd_att;
         let read = |name: &CStr| {
-            let attnum = pg_sys::SPI_fnumber(desc, name.as_ptr());
-            if attnum <= 0 {
-                table.broken(format!("no column {name:?}"));
-            }
             let mut is_null = false;
-            let datum = pg_sys::heap_getattr(tuple, attnum, desc, &mut is_null);
+            let datum = pg_sys::heap_getattr(tuple, table.attnum(name), desc, &mut is_null);
             (!is_null).then_some(datum)
         };
         let (columns, result) = change(&read);
@@ -198,7 +204,7 @@ pub fn update_singleton<R>(
             vec![false; natts],
         );
         for (name, value) in &columns {
-            let i = (pg_sys::SPI_fnumber(desc, name.as_ptr()) - 1) as usize;
+            let i = (table.attnum(name) - 1) as usize;
             values[i] = value.unwrap_or(pg_sys::Datum::from(0));
             nulls[i] = value.is_none();
             replace[i] = true;

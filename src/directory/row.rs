@@ -1,9 +1,8 @@
 //! Reading a `shard_directory` row out of a trigger tuple.
 
-use pgrx::prelude::*;
 use std::num::NonZeroUsize;
 
-use pgrx::datum::UnboxDatum;
+use pgrx::prelude::*;
 use pgrx::WhoAllocated;
 
 use super::transition::{EntityKey, Placement, State};
@@ -17,11 +16,12 @@ pub struct Entry {
 }
 
 /// Where each of `names` is in `t`'s columns, found in one pass: reading by name would scan the
-/// columns once per value, and every directory change reads two rows twice.
+/// columns once per value, and every directory change reads two rows twice. A column missing is
+/// an error naming it.
 pub fn positions<A: WhoAllocated, const N: usize>(
     t: &PgHeapTuple<'_, A>,
     names: [&'static str; N],
-) -> [Option<NonZeroUsize>; N] {
+) -> [NonZeroUsize; N] {
     let mut found = [None; N];
     for (attnum, attr) in t.attributes() {
         if attr.attisdropped {
@@ -32,20 +32,12 @@ pub fn positions<A: WhoAllocated, const N: usize>(
             found[i] = Some(attnum);
         }
     }
-    found
-}
-
-/// The value of column `name`, at `position` (from `positions`).
-pub fn value<A: WhoAllocated, T>(
-    t: &PgHeapTuple<'_, A>,
-    position: Option<NonZeroUsize>,
-    name: &'static str,
-) -> Option<T>
-where
-    T: FromDatum + IntoDatum + for<'tup> UnboxDatum<As<'tup> = T> + 'static,
-{
-    let position = spi(name, position.ok_or_else(|| format!("no column {name}")));
-    spi(name, t.get_by_index::<T>(position))
+    std::array::from_fn(|i| {
+        spi(
+            names[i],
+            found[i].ok_or_else(|| format!("no column {}", names[i])),
+        )
+    })
 }
 
 const COLUMNS: [&str; 6] = [
@@ -60,7 +52,7 @@ const COLUMNS: [&str; 6] = [
 impl Entry {
     pub fn read<A: WhoAllocated>(t: &PgHeapTuple<'_, A>) -> Entry {
         let at = positions(t, COLUMNS);
-        let text = |i: usize| value::<A, String>(t, at[i], COLUMNS[i]);
+        let text = |i: usize| spi(COLUMNS[i], t.get_by_index::<String>(at[i]));
         let not_null = |i: usize| required(text(i), COLUMNS[i]);
         let key = EntityKey {
             entity_type: not_null(0),

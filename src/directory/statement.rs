@@ -134,21 +134,23 @@ fn version_table() -> pg_sys::Oid {
 /// The lock that orders versions: every writer of the version row takes it before reading the
 /// row and holds it until its transaction ends, so versions follow commit order. A lock on the
 /// version table as an object (`pg_locks.locktype = 'object'`), not on the table itself: readers
-/// and autovacuum never wait for it.
-pub fn lock_versions() {
+/// and autovacuum never wait for it. Returns the version table's OID.
+pub fn lock_versions() -> pg_sys::Oid {
+    let relid = version_table();
     unsafe {
         pg_sys::LockDatabaseObject(
             pg_sys::RelationRelationId,
-            version_table(),
+            relid,
             0,
             pg_sys::ExclusiveLock as pg_sys::LOCKMODE,
         )
-    }
+    };
+    relid
 }
 
 fn bump() -> Bump {
-    lock_versions();
-    heap::update_singleton(version_table(), "shard_directory_version", |read| {
+    let relid = lock_versions();
+    heap::update_singleton(relid, "shard_directory_version", |read| {
         let get = |name| unsafe { read(name).and_then(|d| i64::from_datum(d, false)) };
         let (Some(version), Some(at)) = (get(c"version"), get(c"updated_at")) else {
             SdError::SingletonMissing {
@@ -173,8 +175,8 @@ fn bump() -> Bump {
 /// Takes back `version` if it is still the latest (a deeper statement may have bumped past it;
 /// then the gap stays, which clients read as a change that was not one).
 fn unbump(version: i64) {
-    lock_versions();
-    privilege::as_owner_of(version_table(), || {
+    let relid = lock_versions();
+    privilege::as_owner_of(relid, || {
         writer::as_writer(Writer::Unbump, || {
             spi(
                 "take back an unused version",
@@ -191,8 +193,8 @@ fn unbump(version: i64) {
 /// Raises the version to at least `version` (a restore); never lowers it. `at`, the restored
 /// version row's time, is taken as it was dumped.
 pub fn raise_to(version: i64, at: Option<TimestampWithTimeZone>) {
-    lock_versions();
-    privilege::as_owner_of(version_table(), || {
+    let relid = lock_versions();
+    privilege::as_owner_of(relid, || {
         writer::as_writer(Writer::Restore, || {
             spi(
                 "raise the version to a restored one",
