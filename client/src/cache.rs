@@ -18,21 +18,62 @@
 //! current go first, then any.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::SeqCst};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use crate::cache_key::CacheKey;
-use crate::entry::{AsKeyRef, EntityKey, Entry};
+use crate::entry::{AsKeyRef, EntityKey, Entry, State};
+use crate::name::Name;
 
-/// Held inline in the map: a hit reads it without one more pointer to follow.
-#[derive(Clone)]
+/// Held inline in the map's node, with the key: a hit follows no pointer past the node. The
+/// entry's fields are kept apart (not as an `Option<Entry>`) so that key and value fit in 88
+/// bytes, one 96-byte allocation per cached entity.
+#[derive(Clone, Copy)]
 struct Cached {
     /// `None`: the directory had no entry for the key (or a tombstone: nothing was cached).
-    entry: Option<Arc<Entry>>,
-    epoch: u64,
+    shard: Option<Name>,
+    target: Option<Name>,
+    region: Option<Name>,
+    version: i64,
     /// The directory version the entry was read at.
     read_at: i64,
-    /// The version of a change to the key after `read_at`: no longer current.
-    changed_at: Option<i64>,
+    /// The version of a change to the key after `read_at` (no longer current), or [`NEVER`].
+    changed_at: i64,
+    epoch: u64,
+    state: State,
+}
+
+/// Key and value as papaya's node holds them: 88 bytes, which the allocator serves from its
+/// 96-byte size class. A field more would make it 112.
+const _: () = assert!(std::mem::size_of::<(CacheKey, Cached)>() <= 88);
+
+/// `changed_at` of an entry not known to have changed: below every version, so that "changed
+/// at or after `v`" is one comparison.
+const NEVER: i64 = i64::MIN;
+
+impl Cached {
+    fn new(entry: Option<Entry>, read_at: i64, epoch: u64) -> Cached {
+        Cached {
+            shard: entry.map(|e| e.shard_name),
+            target: entry.and_then(|e| e.target_shard),
+            region: entry.and_then(|e| e.region),
+            version: entry.map_or(0, |e| e.version),
+            read_at,
+            changed_at: NEVER,
+            epoch,
+            state: entry.map_or(State::Active, |e| e.state),
+        }
+    }
+
+    fn entry(&self) -> Option<Entry> {
+        Some(Entry {
+            shard_name: self.shard?,
+            target_shard: self.target,
+            state: self.state,
+            region: self.region,
+            version: self.version,
+            directory_version: self.read_at,
+        })
+    }
 }
 
 /// The steps whose order the invariant rests on. Tests run code there (`interleave`); the
@@ -96,15 +137,15 @@ pub(crate) enum Lookup {
     /// Current as of `stamp` (the known version, or the entry's read if newer): `None` when the
     /// directory has no entry for the key.
     Current {
-        entry: Option<Arc<Entry>>,
+        entry: Option<Entry>,
         stamp: i64,
     },
     /// Filled before a flush: it may still be current, but nothing says so; only for serving
     /// during an outage.
-    Stale(Arc<Entry>),
+    Stale(Entry),
     /// The directory changed the key after this entry was read: known to be wrong now, so not
     /// served even during an outage.
-    Changed(Arc<Entry>),
+    Changed(Entry),
     Absent,
 }
 
@@ -117,6 +158,10 @@ impl Cache {
             map: papaya::HashMap::builder()
                 .hasher(foldhash::fast::RandomState::default())
                 .resize_mode(papaya::ResizeMode::Blocking)
+                // Retired tables freed when retired, not once 32 retirements have gathered:
+                // a cache that fills and then only reads would otherwise keep every table it
+                // outgrew (19 B per entry at 1M). Retirements are rare (marks, refills).
+                .collector(seize::Collector::new().batch_size(1))
                 .build(),
             version: AtomicI64::new(version),
             epoch: AtomicU64::new(0),
@@ -136,21 +181,19 @@ impl Cache {
         let known = self.version.load(SeqCst);
         let epoch = self.epoch.load(SeqCst);
         interleave(Step::VersionLoaded);
-        match self.map.pin().get(&key.key_ref()) {
-            Some(c) if c.epoch == epoch && c.changed_at.is_none() => Lookup::Current {
-                entry: c.entry.clone(),
+        let map = self.map.pin();
+        let Some(c) = map.get(&key.key_ref()) else {
+            return Lookup::Absent;
+        };
+        match c.entry() {
+            entry if c.epoch == epoch && c.changed_at == NEVER => Lookup::Current {
+                entry,
                 stamp: known.max(c.read_at),
             },
-            Some(Cached {
-                entry: Some(entry),
-                changed_at: Some(_),
-                epoch: at,
-                ..
-            }) if *at == epoch => Lookup::Changed(entry.clone()),
-            Some(Cached {
-                entry: Some(entry), ..
-            }) => Lookup::Stale(entry.clone()),
-            _ => Lookup::Absent,
+            // In the current epoch and not current: marked.
+            Some(entry) if c.epoch == epoch => Lookup::Changed(entry),
+            Some(entry) => Lookup::Stale(entry),
+            None => Lookup::Absent,
         }
     }
 
@@ -191,24 +234,19 @@ impl Cache {
         for (key, at) in changed.iter().filter(|(_, at)| *at > known) {
             let at = *at;
             let marked = map.compute(CacheKey::from(key), |old| match old {
-                Some((_, c))
-                    if c.epoch == epoch && (c.read_at >= at || c.changed_at >= Some(at)) =>
-                {
+                Some((_, c)) if c.epoch == epoch && (c.read_at >= at || c.changed_at >= at) => {
                     papaya::Operation::Abort(())
                 }
                 // Marked in the current epoch even if filled before a flush: a fill racing
                 // this advance must find the mark.
                 Some((_, c)) => papaya::Operation::Insert(Cached {
-                    entry: c.entry.clone(),
                     epoch,
-                    read_at: c.read_at,
-                    changed_at: c.changed_at.max(Some(at)),
+                    changed_at: c.changed_at.max(at),
+                    ..*c
                 }),
                 None => papaya::Operation::Insert(Cached {
-                    entry: None,
-                    epoch,
-                    read_at: at - 1,
-                    changed_at: Some(at),
+                    changed_at: at,
+                    ..Cached::new(None, at - 1, epoch)
                 }),
             });
             if let papaya::Compute::Inserted(..) = marked {
@@ -221,7 +259,7 @@ impl Cache {
         for (key, at) in tombstones {
             // Unless a fill that read at or after the change replaced it.
             let _ = map.remove_if(&key.key_ref(), |_, c| {
-                c.entry.is_none() && c.changed_at == Some(at)
+                c.shard.is_none() && c.changed_at == at
             });
         }
         Advanced::ByEntity
@@ -243,27 +281,22 @@ impl Cache {
 
     /// Stores what a fetch of `key` read at directory version `read_at` (`None`: no entry), if
     /// nothing newer is known. Returns whether it was stored as current.
-    pub fn fill(&self, key: &EntityKey, entry: Option<Arc<Entry>>, read_at: i64) -> bool {
+    pub fn fill(&self, key: &EntityKey, entry: Option<Entry>, read_at: i64) -> bool {
+        debug_assert!(entry.is_none_or(|e| e.directory_version == read_at));
         let epoch = self.epoch.load(SeqCst);
         let map = self.map.pin();
-        let fresh = Cached {
-            entry,
-            epoch,
-            read_at,
-            changed_at: None,
-        };
+        let fresh = Cached::new(entry, read_at, epoch);
         let stored = map.compute(CacheKey::from(key), |old| {
             let newer_or_changed = old.is_some_and(|(_, c)| {
                 c.epoch == epoch
-                    && (c.changed_at.is_some_and(|at| at > read_at)
-                        || (c.changed_at.is_none() && c.read_at > read_at))
+                    && (c.changed_at > read_at || (c.changed_at == NEVER && c.read_at > read_at))
             });
             // Loaded after the tombstone check: an advance that removed its tombstone had
             // raised the version first.
             if newer_or_changed || read_at < self.version.load(SeqCst) {
                 papaya::Operation::Abort(())
             } else {
-                papaya::Operation::Insert(fresh.clone())
+                papaya::Operation::Insert(fresh)
             }
         });
         if !matches!(
@@ -285,7 +318,7 @@ impl Cache {
         let _turn = self.lock();
         let epoch = self.epoch.load(SeqCst);
         let map = self.map.pin();
-        map.retain(|_, c| c.epoch == epoch && c.changed_at.is_none());
+        map.retain(|_, c| c.epoch == epoch && c.changed_at == NEVER);
         let target = self.max_entries - self.max_entries / 10;
         let excess = map.len().saturating_sub(target);
         let victims: Vec<CacheKey> = map.keys().take(excess).cloned().collect();
@@ -302,35 +335,36 @@ impl Cache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::entry::{KeyRef, State};
+    use crate::entry::KeyRef;
     use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
 
     /// A version learned without a list of what changed.
     fn flush(cache: &Cache, version: i64) -> bool {
         cache.advance(version, version, None) == Advanced::Flushed
     }
 
-    fn fill(cache: &Cache, entry: Arc<Entry>) -> bool {
+    /// Fills tenant 1.
+    fn fill(cache: &Cache, entry: Entry) -> bool {
         let at = entry.directory_version;
-        cache.fill(&entry.key.clone(), Some(entry), at)
+        cache.fill(&key(1), Some(entry), at)
     }
 
-    fn entry(shard: &str, at: i64) -> Arc<Entry> {
-        Arc::new(Entry {
-            key: EntityKey::new("tenant", "1"),
-            shard_name: shard.into(),
+    fn at(shard: &str, at: i64) -> Entry {
+        Entry {
+            shard_name: Name::new(shard),
             target_shard: None,
             state: State::Active,
             region: None,
             version: at,
             directory_version: at,
-        })
+        }
     }
 
     #[test]
     fn an_invalidation_retires_every_entry_filled_before_it() {
         let cache = Cache::new(1, 100);
-        assert!(fill(&cache, entry("s1", 1)));
+        assert!(fill(&cache, at("s1", 1)));
         assert!(
             matches!(cache.get(&EntityKey::new("tenant", "1")), Lookup::Current { entry: Some(e), .. } if e.shard_name == "s1")
         );
@@ -346,19 +380,19 @@ mod tests {
     fn a_fill_read_before_the_known_version_is_refused() {
         let cache = Cache::new(1, 100);
         flush(&cache, 3);
-        assert!(!fill(&cache, entry("s1", 2)));
+        assert!(!fill(&cache, at("s1", 2)));
         assert!(matches!(
             cache.get(&EntityKey::new("tenant", "1")),
             Lookup::Absent
         ));
-        assert!(fill(&cache, entry("s2", 3)));
+        assert!(fill(&cache, at("s2", 3)));
     }
 
     #[test]
     fn a_lower_version_is_adopted_only_from_the_version_it_was_compared_with() {
         let cache = Cache::new(1, 100);
         flush(&cache, 9);
-        assert!(fill(&cache, entry("s1", 9)));
+        assert!(fill(&cache, at("s1", 9)));
         assert!(!cache.adopt_lower(8, 4), "the known version is 9, not 8");
         assert!(cache.adopt_lower(9, 4));
         assert_eq!(cache.version(), 4);
@@ -366,7 +400,7 @@ mod tests {
             cache.get(&EntityKey::new("tenant", "1")),
             Lookup::Stale(_)
         ));
-        assert!(fill(&cache, entry("s2", 4)));
+        assert!(fill(&cache, at("s2", 4)));
     }
 
     #[test]
@@ -406,18 +440,11 @@ mod tests {
         EntityKey::new("tenant", i.to_string())
     }
 
-    fn at(shard: &str, i: usize, read_at: i64) -> Arc<Entry> {
-        Arc::new(Entry {
-            key: key(i),
-            ..(*entry(shard, read_at)).clone()
-        })
-    }
-
     #[test]
     fn an_advance_retires_only_the_keys_that_changed_and_stamps_the_rest_with_the_new_version() {
         let cache = Cache::new(1, 100);
         for i in 0..3 {
-            assert!(cache.fill(&key(i), Some(at("s1", i, 1)), 1));
+            assert!(cache.fill(&key(i), Some(at("s1", 1)), 1));
         }
         let unknown = key(9);
         assert!(cache.fill(&unknown, None, 1));
@@ -438,7 +465,7 @@ mod tests {
             "the same version twice is no news"
         );
         // A read at 3 replaces the retired entry.
-        assert!(cache.fill(&key(1), Some(at("s2", 1, 3)), 3));
+        assert!(cache.fill(&key(1), Some(at("s2", 3)), 3));
         assert!(matches!(
             cache.get(&key(1)),
             Lookup::Current { stamp: 3, .. }
@@ -449,31 +476,29 @@ mod tests {
     fn a_fill_read_before_a_change_the_cache_has_heard_of_is_refused() {
         let cache = Cache::new(5, 100);
         // The change at 7 is marked while the fill that read at 6 is on its way...
-        assert!(cache.fill(&key(1), Some(at("s1", 1, 5)), 5));
+        assert!(cache.fill(&key(1), Some(at("s1", 5)), 5));
         let _turn = cache.lock();
         cache.map.pin().insert(
             CacheKey::from(&key(2)),
             Cached {
-                entry: None,
-                epoch: 0,
-                read_at: 6,
-                changed_at: Some(7),
+                changed_at: 7,
+                ..Cached::new(None, 6, 0)
             },
         );
         drop(_turn);
         // ...a tombstone refuses it although the known version (5) is not past its read yet.
-        assert!(!cache.fill(&key(2), Some(at("s1", 2, 6)), 6));
+        assert!(!cache.fill(&key(2), Some(at("s1", 6)), 6));
         assert_eq!(
             cache.advance(5, 7, Some(&[(key(1), 6)])),
             Advanced::ByEntity
         );
         assert!(
-            !cache.fill(&key(1), Some(at("s1", 1, 5)), 5),
+            !cache.fill(&key(1), Some(at("s1", 5)), 5),
             "read before the known version"
         );
-        assert!(cache.fill(&key(1), Some(at("s2", 1, 7)), 7));
+        assert!(cache.fill(&key(1), Some(at("s2", 7)), 7));
         assert!(
-            !cache.fill(&key(1), Some(at("s1", 1, 6)), 6),
+            !cache.fill(&key(1), Some(at("s1", 6)), 6),
             "an older read does not replace a newer one"
         );
     }
@@ -481,9 +506,9 @@ mod tests {
     #[test]
     fn an_advance_from_a_version_the_cache_went_below_flushes() {
         let cache = Cache::new(9, 100);
-        assert!(cache.fill(&key(0), Some(at("s1", 0, 9)), 9));
+        assert!(cache.fill(&key(0), Some(at("s1", 9)), 9));
         assert!(cache.adopt_lower(9, 4));
-        assert!(cache.fill(&key(1), Some(at("s1", 1, 4)), 4));
+        assert!(cache.fill(&key(1), Some(at("s1", 4)), 4));
         // The list covers (9, 10], not (4, 9]: everything goes.
         assert_eq!(cache.advance(9, 10, Some(&[])), Advanced::Flushed);
         assert!(matches!(cache.get(&key(1)), Lookup::Stale(_)));
@@ -503,7 +528,7 @@ mod tests {
         // Read at 5, stored while the advance to 6 (which changed the key) is half done:
         // nothing was cached for the key, so only its tombstone can refuse the fill.
         at_step(Step::Marked, move || {
-            seen.store(filler.fill(&key(1), Some(at("s1", 1, 5)), 5), SeqCst);
+            seen.store(filler.fill(&key(1), Some(at("s1", 5)), 5), SeqCst);
         });
         assert_eq!(
             cache.advance(5, 6, Some(&[(key(1), 6)])),
@@ -511,13 +536,13 @@ mod tests {
         );
         assert!(!stored.load(SeqCst), "the fill was stored");
         assert!(matches!(cache.get(&key(1)), Lookup::Absent));
-        assert!(cache.fill(&key(1), Some(at("s2", 1, 6)), 6));
+        assert!(cache.fill(&key(1), Some(at("s2", 6)), 6));
     }
 
     #[test]
     fn a_lookup_that_overlaps_an_advance_never_stamps_a_changed_entry_with_the_new_version() {
         let cache = Arc::new(Cache::new(5, 100));
-        assert!(cache.fill(&key(1), Some(at("s1", 1, 5)), 5));
+        assert!(cache.fill(&key(1), Some(at("s1", 5)), 5));
         let watcher = cache.clone();
         // The advance to 6, which changed the key, runs whole between the lookup's two reads.
         at_step(Step::VersionLoaded, move || {
@@ -613,7 +638,7 @@ mod tests {
                         for _ in 0..xorshift(&mut seed) % 16 {
                             std::thread::yield_now();
                         }
-                        let entry = shard.map(|shard| at(&shard, k, read_at));
+                        let entry = shard.map(|shard| at(&shard, read_at));
                         cache.fill(&key(k), entry, read_at);
                     }
                 });
@@ -626,7 +651,7 @@ mod tests {
                         let k = xorshift(&mut seed) as usize % KEYS;
                         if let Lookup::Current { entry, stamp } = cache.get(&key(k)) {
                             let expected = directory.lock().unwrap().at(k, stamp);
-                            let got = entry.map(|e| e.shard_name.clone());
+                            let got = entry.map(|e| e.shard_name.to_string());
                             assert_eq!(got, expected, "tenant {k} at stamp {stamp}");
                             checked.fetch_add(1, SeqCst);
                         }
@@ -662,7 +687,7 @@ mod tests {
     #[test]
     fn a_hit_by_borrowed_key_finds_the_entry_and_allocates_nothing() {
         let cache = Cache::new(1, 100);
-        assert!(fill(&cache, entry("shard_1", 1)));
+        assert!(fill(&cache, at("shard_1", 1)));
         let borrowed = KeyRef {
             entity_type: "tenant",
             entity_id: "1",

@@ -1,71 +1,65 @@
 //! The cache's own key: an entity's type and id in one buffer, inline when short (as most keys
-//! are). A hit compares it where the map's node already is, without following the two pointers
+//! are), in 24 bytes. A hit compares it where the map's node already is, without following the two pointers
 //! of an [`EntityKey`]'s strings, and a cached entry keeps no second heap copy of its key.
 
 use std::hash::{Hash, Hasher};
 
 use crate::entry::{AsKeyRef, EntityKey, KeyRef};
 
-/// Bytes kept inline: `tenant` and an id of up to 24 bytes fit.
-const INLINE: usize = 30;
-
-#[derive(Clone, PartialEq, Eq)]
-enum Bytes {
-    Inline(u8, [u8; INLINE]),
-    Heap(Box<[u8]>),
-}
+/// Bytes kept inline: `tenant` and an id of up to 15 bytes fit, and the key stays 24 bytes.
+const INLINE: usize = 21;
 
 /// `entity_type` then `entity_id`, `split` bytes apart.
 #[derive(Clone, PartialEq, Eq)]
-pub(crate) struct CacheKey {
-    split: u32,
-    bytes: Bytes,
+pub(crate) enum CacheKey {
+    Inline {
+        split: u8,
+        len: u8,
+        buf: [u8; INLINE],
+    },
+    Heap {
+        split: u32,
+        bytes: Box<[u8]>,
+    },
 }
 
 impl CacheKey {
-    fn bytes(&self) -> &[u8] {
-        match &self.bytes {
-            Bytes::Inline(len, buf) => &buf[..*len as usize],
-            Bytes::Heap(b) => b,
+    fn bytes(&self) -> (&[u8], usize) {
+        match self {
+            CacheKey::Inline { split, len, buf } => (&buf[..*len as usize], *split as usize),
+            CacheKey::Heap { split, bytes } => (bytes, *split as usize),
         }
     }
 
-    fn parts(&self) -> (&str, &str) {
-        let (t, id) = self.bytes().split_at(self.split as usize);
-        // Both halves were whole `str`s when the key was made.
-        (
-            std::str::from_utf8(t).expect("UTF-8"),
-            std::str::from_utf8(id).expect("UTF-8"),
-        )
-    }
-
     pub fn as_ref(&self) -> KeyRef<'_> {
-        let (entity_type, entity_id) = self.parts();
+        let (bytes, split) = self.bytes();
+        let (t, id) = bytes.split_at(split);
+        // Both halves were whole `str`s when the key was made.
         KeyRef {
-            entity_type,
-            entity_id,
+            entity_type: std::str::from_utf8(t).expect("UTF-8"),
+            entity_id: std::str::from_utf8(id).expect("UTF-8"),
         }
     }
 }
 
 impl From<KeyRef<'_>> for CacheKey {
     fn from(k: KeyRef<'_>) -> CacheKey {
-        let len = k.entity_type.len() + k.entity_id.len();
-        let bytes = if len <= INLINE {
+        let (t, id) = (k.entity_type.as_bytes(), k.entity_id.as_bytes());
+        let len = t.len() + id.len();
+        if len <= INLINE {
             let mut buf = [0; INLINE];
-            buf[..k.entity_type.len()].copy_from_slice(k.entity_type.as_bytes());
-            buf[k.entity_type.len()..len].copy_from_slice(k.entity_id.as_bytes());
-            Bytes::Inline(len as u8, buf)
+            buf[..t.len()].copy_from_slice(t);
+            buf[t.len()..len].copy_from_slice(id);
+            CacheKey::Inline {
+                split: t.len() as u8,
+                len: len as u8,
+                buf,
+            }
         } else {
-            Bytes::Heap(
-                [k.entity_type.as_bytes(), k.entity_id.as_bytes()]
-                    .concat()
-                    .into(),
-            )
-        };
-        CacheKey {
-            split: u32::try_from(k.entity_type.len()).expect("an entity type under 4 GiB"),
-            bytes,
+            CacheKey::Heap {
+                split: u32::try_from(t.len()).expect("an entity type under 4 GiB"),
+                bytes: [t, id].concat().into(),
+            }
         }
     }
 }
@@ -85,8 +79,7 @@ impl Hash for CacheKey {
 
 impl papaya::Equivalent<CacheKey> for KeyRef<'_> {
     fn equivalent(&self, key: &CacheKey) -> bool {
-        let bytes = key.bytes();
-        let split = key.split as usize;
+        let (bytes, split) = key.bytes();
         split == self.entity_type.len()
             && bytes.len() == split + self.entity_id.len()
             && &bytes[..split] == self.entity_type.as_bytes()
@@ -132,14 +125,14 @@ mod tests {
             entity_id: "bc",
         };
         assert!(!papaya::Equivalent::equivalent(&b, &a));
-        assert!(matches!(a.bytes, Bytes::Inline(..)));
+        assert!(matches!(a, CacheKey::Inline { .. }));
+        assert_eq!(std::mem::size_of::<CacheKey>(), 24);
         assert!(matches!(
             CacheKey::from(KeyRef {
                 entity_type: "tenant",
                 entity_id: &long
-            })
-            .bytes,
-            Bytes::Heap(_)
+            }),
+            CacheKey::Heap { .. }
         ));
     }
 }

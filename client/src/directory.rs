@@ -9,6 +9,7 @@ use crate::cache::{Cache, Lookup};
 use crate::entry::{AsKeyRef, EntityKey, Entry, KeyRef, State};
 use crate::error::{Error, Result};
 use crate::metrics::{Counters, Stats};
+use crate::name::Name;
 use crate::policy::{Cached, Policy};
 use crate::pool::Timeouts;
 use crate::statements::Statements;
@@ -252,7 +253,7 @@ impl Directory {
 
     /// The entry for `(entity_type, entity_id)`.
     /// A hit allocates nothing: the key is only made on a miss.
-    pub async fn lookup(&self, entity_type: &str, entity_id: &str) -> Result<Arc<Entry>> {
+    pub async fn lookup(&self, entity_type: &str, entity_id: &str) -> Result<Entry> {
         let borrowed = KeyRef {
             entity_type,
             entity_id,
@@ -269,13 +270,13 @@ impl Directory {
     /// The entry for `key`: from the cache when current, else from the store. While the watcher
     /// is reconnecting, cached entries may have missed an invalidation: lookups go to the store.
     /// Only when the store cannot be reached does the [`Policy`] decide.
-    pub async fn lookup_key(&self, key: &EntityKey) -> Result<Arc<Entry>> {
+    pub async fn lookup_key(&self, key: &EntityKey) -> Result<Entry> {
         Ok(self.route(key).await?.0)
     }
 
     /// The entry for `key` and the version a request routed by it carries: the newest version
     /// the entry is known to be current at (it may be newer than the version it was read at).
-    pub(crate) async fn route(&self, key: &EntityKey) -> Result<(Arc<Entry>, i64)> {
+    pub(crate) async fn route(&self, key: &EntityKey) -> Result<(Entry, i64)> {
         if let Some(answer) = self.current(key, EntityKey::clone) {
             self.inner.counters.hit();
             return answer;
@@ -293,12 +294,9 @@ impl Directory {
             Lookup::Changed(e) => Some(Cached::Changed(e)),
             Lookup::Absent => None,
         };
-        let stamped = |e: Arc<Entry>| {
-            let at = e.directory_version;
-            (e, at)
-        };
+        let stamped = |e: Entry| (e, e.directory_version);
         match self.fill(key).await {
-            Err(e) if e.is_directory_outage() => self.degraded(cached, e).map(stamped),
+            Err(e) if e.is_directory_outage() => self.degraded(key, cached, e).map(stamped),
             other => other.map(stamped),
         }
     }
@@ -309,7 +307,7 @@ impl Directory {
         &self,
         key: &Q,
         owned: impl FnOnce(&Q) -> EntityKey,
-    ) -> Option<Result<(Arc<Entry>, i64)>>
+    ) -> Option<Result<(Entry, i64)>>
     where
         Q: AsKeyRef,
     {
@@ -338,11 +336,17 @@ impl Directory {
         gate
     }
 
-    /// The store could not be reached (`cause`): the policy decides whether `cached` is served.
-    pub(crate) fn degraded(&self, cached: Option<Cached>, cause: Error) -> Result<Arc<Entry>> {
-        let entry = self.inner.policy.degraded(cached, || cause)?;
+    /// The store could not be reached (`cause`): the policy decides whether `cached`, the entry
+    /// of `key`, is served.
+    pub(crate) fn degraded(
+        &self,
+        key: &EntityKey,
+        cached: Option<Cached>,
+        cause: Error,
+    ) -> Result<Entry> {
+        let entry = self.inner.policy.degraded(key, cached, || cause)?;
         self.inner.counters.served_stale();
-        tracing::warn!(entity = %entry.key, version = entry.directory_version, "directory unreachable: serving the cached entry");
+        tracing::warn!(entity = %key, version = entry.directory_version, "directory unreachable: serving the cached entry");
         Ok(entry)
     }
 
@@ -350,7 +354,7 @@ impl Directory {
     /// meanwhile, and caches it. A read below the known version is a race the first time (it may
     /// have started before the version was learned); the second time in a row, the directory's
     /// version went back, and the client adopts it instead of reading forever.
-    async fn fill(&self, key: &EntityKey) -> Result<Arc<Entry>> {
+    async fn fill(&self, key: &EntityKey) -> Result<Entry> {
         let inner = &self.inner;
         let mut reads_below = 0;
         loop {
@@ -358,9 +362,7 @@ impl Directory {
             if let Some(shared) = &inner.shared {
                 let known = inner.cache.version();
                 if let Some(entry) = shared.get(key, known, &inner.counters).await {
-                    let at = entry.directory_version;
-                    let entry = Arc::new(entry);
-                    if inner.cache.fill(key, Some(entry.clone()), at) {
+                    if inner.cache.fill(key, Some(entry), entry.directory_version) {
                         return Ok(entry);
                     }
                 }
@@ -390,11 +392,10 @@ impl Directory {
                 inner.cache.fill(key, None, at);
                 return Err(Error::UnknownEntity(key.clone()));
             };
-            let entry = Arc::new(entry);
-            if inner.cache.fill(key, Some(entry.clone()), at) {
+            if inner.cache.fill(key, Some(entry), at) {
                 #[cfg(feature = "redis")]
                 if let Some(shared) = &inner.shared {
-                    shared.put(&entry).await;
+                    shared.put(key, &entry).await;
                 }
                 return Ok(entry);
             }
@@ -408,19 +409,17 @@ impl Directory {
     /// client's newest: the entity may have moved on from `moved_to` since, and only a request
     /// carrying `version` can be refused there for that. When the client already knows a newer
     /// version, the fill is refused and the retry reads the directory.
-    pub(crate) fn learn_moved(&self, entry: &Entry, moved_to: &str, version: i64) {
+    pub(crate) fn learn_moved(&self, key: &EntityKey, entry: &Entry, moved_to: &str, version: i64) {
         self.inner.watch.nudge();
         let learned = Entry {
-            shard_name: moved_to.to_owned(),
+            shard_name: Name::new(moved_to),
             target_shard: None,
             state: State::Active,
             version,
             directory_version: version,
-            ..entry.clone()
+            ..*entry
         };
-        self.inner
-            .cache
-            .fill(&entry.key, Some(Arc::new(learned)), version);
+        self.inner.cache.fill(key, Some(learned), version);
     }
 
     /// Where `shard` is, from the directory's registry (`shards.conninfo`).

@@ -53,6 +53,7 @@ mod directory;
 mod entry;
 mod error;
 pub mod metrics;
+mod name;
 mod policy;
 mod pool;
 mod rejection;
@@ -69,6 +70,7 @@ pub use directory::{Directory, DirectoryConfig};
 pub use entry::{EntityKey, Entry, State, UnknownState};
 pub use error::{Error, Result};
 pub use metrics::Stats;
+pub use name::Name;
 /// The TLS crate of `DirectoryConfig::tls` and `ShardConfig::tls` (feature `native-tls`).
 #[cfg(feature = "native-tls")]
 pub use native_tls;

@@ -1,16 +1,14 @@
 //! What to do when the directory cannot be reached.
 
-use std::sync::Arc;
-
-use crate::entry::{Entry, State};
+use crate::entry::{EntityKey, Entry, State};
 use crate::error::Error;
 
 /// What the cache held for an entity when the directory could not be reached.
 pub(crate) enum Cached {
     /// Current when cached, and not known to have changed since.
-    Unchanged(Arc<Entry>),
+    Unchanged(Entry),
     /// The directory changed it after it was read.
-    Changed(Arc<Entry>),
+    Changed(Entry),
 }
 
 /// The guide's `DIRECTORY_UNAVAILABLE_POLICY`.
@@ -27,32 +25,33 @@ pub enum Policy {
 }
 
 impl Policy {
-    /// Decides whether `cached` may be served while the directory is unreachable. Entries that are
+    /// Decides whether `cached`, the entry of `key`, may be served while the directory is unreachable. Entries that are
     /// mid-move always fail closed: that is exactly when a stale placement is wrong. So do entries
     /// the directory is known to have changed since they were read (a move began, say, and the
     /// outage came before the entry was read again).
     pub(crate) fn degraded(
         self,
+        key: &EntityKey,
         cached: Option<Cached>,
         unreachable: impl FnOnce() -> Error,
-    ) -> Result<Arc<Entry>, Error> {
+    ) -> Result<Entry, Error> {
         match (self, cached) {
             (Policy::ServeFromCache, Some(Cached::Unchanged(e))) if e.state == State::Active => {
                 Ok(e)
             }
             (Policy::ServeFromCache, Some(Cached::Changed(e))) => Err(Error::FailClosed {
-                entity: e.key.clone(),
+                entity: key.clone(),
                 state: Some(e.state),
                 reason: "its entry changed after it was cached",
             }),
             (Policy::ServeFromCache, Some(Cached::Unchanged(e))) => Err(Error::FailClosed {
-                entity: e.key.clone(),
+                entity: key.clone(),
                 state: Some(e.state),
                 reason: "the entity is mid-move",
             }),
             (Policy::FailClosed, Some(Cached::Unchanged(e) | Cached::Changed(e))) => {
                 Err(Error::FailClosed {
-                    entity: e.key.clone(),
+                    entity: key.clone(),
                     state: Some(e.state),
                     reason: "policy is FailClosed",
                 })

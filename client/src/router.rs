@@ -393,6 +393,7 @@ impl Router {
     /// closure borrowing `&self` would make the caller's future `Send` for one lifetime only.)
     async fn once<T, E, F>(
         &self,
+        key: &EntityKey,
         entry: &Entry,
         version: i64,
         mode: Mode,
@@ -409,19 +410,17 @@ impl Router {
                     return Err(Attempt::ReadOnly);
                 }
                 let one = self
-                    .attempt(shard, entry, version, options, STAMP_AND_CHECK, f)
+                    .attempt(shard, key, version, options, STAMP_AND_CHECK, f)
                     .await?;
                 Ok(Reads::One(one))
             }
             Mode::Read => {
                 let options = TxOptions::default().read_only();
-                let source = self
-                    .attempt(shard, entry, version, options, STAMP, f)
-                    .await?;
+                let source = self.attempt(shard, key, version, options, STAMP, f).await?;
                 match (&entry.state, &entry.target_shard) {
                     (State::Migrating, Some(target)) => {
                         let target = self
-                            .attempt(target, entry, version, options, STAMP, f)
+                            .attempt(target, key, version, options, STAMP, f)
                             .await?;
                         Ok(Reads::Both { source, target })
                     }
@@ -460,7 +459,7 @@ impl Router {
             let out_of_time = started.elapsed() + backoff > self.retry.deadline;
             let counters = self.directory.counters();
             let (rejection, source) = match self
-                .once(&entry, version, mode, f)
+                .once(key, &entry, version, mode, f)
                 .instrument(span.clone())
                 .await
             {
@@ -496,7 +495,7 @@ impl Router {
             counters.retried();
             match &rejection {
                 Rejection::Moved { moved_to, version } => {
-                    self.directory.learn_moved(&entry, moved_to, *version)
+                    self.directory.learn_moved(key, &entry, moved_to, *version)
                 }
                 Rejection::Stale | Rejection::Missing => {
                     if let Err(e) = self.directory.refresh().await {
@@ -507,7 +506,8 @@ impl Router {
                         // decides, as for a lookup (FailClosed gives up here; ServeFromCache
                         // re-runs on the cached route after a backoff).
                         tracing::debug!(entity = %key, error = %e, "refresh failed during a retry");
-                        self.directory.degraded(Some(Cached::Unchanged(entry)), e)?;
+                        self.directory
+                            .degraded(key, Some(Cached::Unchanged(entry)), e)?;
                         tokio::time::sleep(backoff).await;
                     }
                 }
@@ -523,7 +523,7 @@ impl Router {
     async fn attempt<T, E, F>(
         &self,
         shard: &str,
-        entry: &Entry,
+        key: &EntityKey,
         version: i64,
         options: TxOptions,
         stamp: &str,
@@ -533,10 +533,7 @@ impl Router {
         F: AsyncFnMut(&Transaction<'_>) -> Result<T, E>,
         E: 'static,
     {
-        let Shard { pool, statements } = self
-            .shard(shard, &entry.key)
-            .await
-            .map_err(Attempt::Fatal)?;
+        let Shard { pool, statements } = self.shard(shard, key).await.map_err(Attempt::Fatal)?;
         let mut client = pool.get().await.map_err(|source| {
             Attempt::Fatal(Error::ShardUnavailable {
                 shard: shard.to_owned(),
@@ -555,8 +552,8 @@ impl Router {
         let version = version.to_string();
         let params: [(&(dyn ToSql + Sync), Type); 3] = [
             (&version, Type::TEXT),
-            (&entry.key.entity_type, Type::TEXT),
-            (&entry.key.entity_id, Type::TEXT),
+            (&key.entity_type, Type::TEXT),
+            (&key.entity_id, Type::TEXT),
         ];
         statements
             .query(&tx, &*tx, stamp, params)

@@ -113,18 +113,18 @@ impl SharedCache {
         };
         let entry = found
             .and_then(|json| serde_json::from_str::<Entry>(&json).ok())
-            .filter(|e| e.key == *key && e.directory_version == version);
+            .filter(|e| e.directory_version == version);
         counters.shared(entry.is_some());
         entry
     }
 
     /// Stores what this instance read from the directory; errors are only logged.
-    pub async fn put(&self, entry: &Entry) {
+    pub async fn put(&self, key: &EntityKey, entry: &Entry) {
         let Some(mut c) = self.connection().await else {
             return;
         };
         let json = serde_json::to_string(entry).expect("entries serialize");
-        let key = self.key(&entry.key, entry.directory_version);
+        let key = self.key(key, entry.directory_version);
         if let Err(e) = c
             .set_ex::<_, _, ()>(key, json, self.config.ttl.as_secs().max(1))
             .await

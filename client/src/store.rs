@@ -11,6 +11,7 @@ use tokio_postgres::Row;
 use crate::entry::{EntityKey, Entry, State};
 use crate::error::{Error, Result};
 use crate::metrics::Counters;
+use crate::name::Name;
 use crate::pool::{self, Connector, Timeouts};
 use crate::statements::Statements;
 use tokio_postgres::types::Type;
@@ -187,13 +188,12 @@ impl Store {
             )
             .await?;
         let directory_version: i64 = row.get(0);
-        let entry = row.get::<_, Option<String>>(1).map(|shard_name| Entry {
-            key: key.clone(),
-            shard_name,
-            target_shard: row.get(2),
+        let entry = row.get::<_, Option<&str>>(1).map(|shard_name| Entry {
+            shard_name: Name::new(shard_name),
+            target_shard: row.get::<_, Option<&str>>(2).map(Name::new),
             // A state this client does not know is treated as the most restrictive one.
             state: row.get::<_, &str>(3).parse().unwrap_or(State::ReadOnly),
-            region: row.get(4),
+            region: row.get::<_, Option<&str>>(4).map(Name::new),
             version: row.get(5),
             directory_version,
         });

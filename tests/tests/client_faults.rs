@@ -22,7 +22,7 @@ async fn lookup_in_time(d: &Directory, id: &str) -> String {
         .unwrap_or_else(|_| panic!("lookup of tenant {id} did not answer in time"))
         .unwrap()
         .shard_name
-        .clone()
+        .to_string()
 }
 
 /// Item 2: any role that can connect may NOTIFY; the payload is a hint to read the version.

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::hint::black_box;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Instant;
 
 use futures_util::{FutureExt, StreamExt};
@@ -78,7 +78,7 @@ async fn main() {
         .await
         .unwrap();
         let ids: Vec<String> = (1..=entries).map(|i| i.to_string()).collect();
-        let found: Vec<Arc<Entry>> = futures_util::stream::iter(&ids)
+        let found: Vec<Entry> = futures_util::stream::iter(&ids)
             .map(|id| {
                 let d = d.clone();
                 async move { d.lookup("tenant", id).await.unwrap() }
@@ -86,9 +86,9 @@ async fn main() {
             .buffered(32)
             .collect()
             .await;
-        let map: Mutex<HashMap<EntityKey, Arc<Entry>>> =
-            Mutex::new(found.iter().map(|e| (e.key.clone(), e.clone())).collect());
-        let keys: Vec<EntityKey> = found.iter().map(|e| e.key.clone()).collect();
+        let keys: Vec<EntityKey> = ids.iter().map(|id| EntityKey::new("tenant", id)).collect();
+        let map: Mutex<HashMap<EntityKey, Entry>> =
+            Mutex::new(keys.iter().cloned().zip(found).collect());
         // One random order of the keys, the same for every contender.
         let mut rng = fastrand::Rng::with_seed(7);
         let order: Vec<usize> = (0..entries.min(1 << 20))
