@@ -367,6 +367,39 @@ mod tests {
         assert_eq!(version_only, v4);
     }
 
+    /// Every router's watcher calls changes_since on every change, for the life of its session:
+    /// the plans it keeps must read history and the version row through their indexes. History
+    /// grows until purged; an earlier version scanned all of it on every call. Counted with
+    /// this transaction's own table statistics.
+    #[pg_test]
+    fn changes_since_reads_history_and_the_version_through_their_indexes() {
+        setup();
+        Spi::run(
+            "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) \
+             SELECT 'tenant', 'bulk-' || i, 'shard_1' FROM generate_series(1, 2000) i",
+        )
+        .unwrap();
+        let v: i64 = one("SELECT shard_directory.begin_move('tenant', '1', 'shard_2')");
+        // Scans of one kind (seq, idx) of both tables so far in this transaction.
+        let scans = |kind: &str| -> i64 {
+            one(&format!(
+                "SELECT sum({kind}_scan)::bigint FROM pg_stat_xact_user_tables \
+                 WHERE relname IN ('shard_directory_history', 'shard_directory_version')"
+            ))
+        };
+        let before = (scans("seq"), scans("idx"));
+        // Past the five custom plans: from the sixth call on, the plans kept for the session.
+        for _ in 0..8 {
+            assert_eq!(changes(v - 1, 10_000), format!("true|tenant:1@{v}"));
+        }
+        let after = (scans("seq"), scans("idx"));
+        assert_eq!(after.0, before.0, "sequential scans");
+        assert!(
+            after.1 >= before.1 + 8 * 3,
+            "index scans: {before:?} -> {after:?}"
+        );
+    }
+
     #[pg_test]
     fn both_aborts_return_the_entry_to_its_source() {
         setup();

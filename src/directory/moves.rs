@@ -94,7 +94,9 @@ fn current_version() -> i64 {
     let version = privilege::as_owner_of(catalog::relation(c"shard_directory_version"), || {
         spi(
             "read shard_directory_version",
-            Spi::get_one::<i64>("SELECT version FROM shard_directory.shard_directory_version"),
+            Spi::get_one::<i64>(
+                "SELECT version FROM shard_directory.shard_directory_version WHERE id",
+            ),
         )
     });
     version.unwrap_or_else(|| {
