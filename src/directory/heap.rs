@@ -92,6 +92,46 @@ impl Table {
         (values, nulls)
     }
 
+    /// Column `name` of `tuple`, a tuple of this table; `None` when NULL.
+    ///
+    /// # Safety
+    /// `tuple` is a valid tuple of this table.
+    unsafe fn get(&self, tuple: pg_sys::HeapTuple, name: &CStr) -> Option<pg_sys::Datum> {
+        let mut is_null = false;
+        let datum = unsafe {
+            pg_sys::heap_getattr(tuple, self.attnum(name), (*self.0).rd_att, &mut is_null)
+        };
+        (!is_null).then_some(datum)
+    }
+
+    /// A copy of `tuple` with `columns` replaced.
+    ///
+    /// # Safety
+    /// `tuple` is a valid tuple of this table.
+    unsafe fn modify(&self, tuple: pg_sys::HeapTuple, columns: &[Column<'_>]) -> pg_sys::HeapTuple {
+        let natts = self.attributes().len();
+        let (mut values, mut nulls, mut replace) = (
+            vec![pg_sys::Datum::from(0); natts],
+            vec![false; natts],
+            vec![false; natts],
+        );
+        for (name, value) in columns {
+            let i = (self.attnum(name) - 1) as usize;
+            values[i] = value.unwrap_or(pg_sys::Datum::from(0));
+            nulls[i] = value.is_none();
+            replace[i] = true;
+        }
+        unsafe {
+            pg_sys::heap_modify_tuple(
+                tuple,
+                (*self.0).rd_att,
+                values.as_mut_ptr(),
+                nulls.as_mut_ptr(),
+                replace.as_mut_ptr(),
+            )
+        }
+    }
+
     fn next_identity(&self, index: usize) -> pg_sys::Datum {
         let column = (self.relid(), (index + 1) as i16);
         let sequence = match IDENTITY.get() {
@@ -161,6 +201,59 @@ pub fn insert(relid: pg_sys::Oid, columns: &[Column<'_>]) {
     }
 }
 
+/// Reads the singleton row of `relid` through its primary key under `snapshot`: the row's page
+/// moves when the table bloats (a one-row table updated by every change does, whenever pruning
+/// falls behind), and a scan of the heap would read every page of it.
+///
+/// # Safety
+/// `snapshot` must be valid for the scan; `f` gets the scan's tuple, valid only during the call.
+unsafe fn with_singleton<R>(
+    table: &Table,
+    table_name: &'static str,
+    snapshot: pg_sys::Snapshot,
+    f: impl FnOnce(pg_sys::HeapTuple) -> R,
+) -> R {
+    unsafe {
+        let scan = pg_sys::systable_beginscan(
+            table.0,
+            pg_sys::RelationGetPrimaryKeyIndex(table.0),
+            true,
+            snapshot,
+            0,
+            std::ptr::null_mut(),
+        );
+        let tuple = pg_sys::systable_getnext(scan);
+        if tuple.is_null() {
+            pg_sys::systable_endscan(scan);
+            SdError::SingletonMissing { table: table_name }.raise();
+        }
+        let result = f(tuple);
+        pg_sys::systable_endscan(scan);
+        result
+    }
+}
+
+/// Column `name` of the singleton row of `relid` as its newest version shows it, waiting for no
+/// one, and whether another transaction is updating that row right now (its new value is not
+/// committed yet).
+pub fn peek_singleton(
+    relid: pg_sys::Oid,
+    table_name: &'static str,
+    name: &CStr,
+) -> (Option<pg_sys::Datum>, bool) {
+    let table = Table::open(relid);
+    // SAFETY: a dirty snapshot is PostgreSQL's `InitDirtySnapshot`: only its type is set; the
+    // scan fills in the updater it saw.
+    unsafe {
+        let mut dirty: pg_sys::SnapshotData = std::mem::zeroed();
+        dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
+        let value = with_singleton(&table, table_name, &mut dirty, |tuple| {
+            table.get(tuple, name)
+        });
+        (value, dirty.xmax != pg_sys::InvalidTransactionId)
+    }
+}
+
 /// The singleton row of `relid` as the latest committed state plus this transaction's own
 /// changes shows it, handed to `change`, which returns the columns to replace; the row is
 /// rewritten with them. The caller holds the lock every writer of this row takes, so no other
@@ -171,56 +264,77 @@ pub fn update_singleton<R>(
     change: impl FnOnce(&dyn Fn(&CStr) -> Option<pg_sys::Datum>) -> (Vec<Column<'static>>, R),
 ) -> R {
     let table = Table::open(relid);
-    // SAFETY: the scan, its tuple and the modified copy are used while the relation is open;
-    // SnapshotSelf is a static of PostgreSQL's.
+    // SAFETY: the tuple and its modified copy are used while the scan and the relation are
+    // open; SnapshotSelf is a static of PostgreSQL's.
     unsafe {
-        // Through the primary key: the row's page moves when the table bloats (a one-row table
-        // updated by every change does, whenever pruning falls behind), and a scan of the heap
-        // would read every page of it.
-        let scan = pg_sys::systable_beginscan(
-            table.0,
-            pg_sys::RelationGetPrimaryKeyIndex(table.0),
-            true,
+        with_singleton(
+            &table,
+            table_name,
             &raw mut pg_sys::SnapshotSelfData,
-            0,
+            |tuple| {
+                let (columns, result) = change(&|name: &CStr| table.get(tuple, name));
+                let new = table.modify(tuple, &columns);
+                let indexes = Indexes::open(&table);
+                pg_sys::CatalogTupleUpdateWithInfo(table.0, &mut (*tuple).t_self, new, indexes.0);
+                // Later statements of this transaction see the new row, as after an UPDATE.
+                pg_sys::CommandCounterIncrement();
+                result
+            },
+        )
+    }
+}
+
+/// Rewrites columns of a row the running statement wrote to `relation` (a table with triggers of
+/// its own: the rewrite fires none), its indexes kept as the executor keeps them (partial and
+/// expression indexes included). A row a later statement of this transaction has changed since
+/// is left alone: that statement wrote its own values.
+pub fn rewrite_own_row(
+    relation: pg_sys::Relation,
+    tid: pg_sys::ItemPointerData,
+    columns: &[Column<'_>],
+) {
+    // The trigger's relation: open, and closed by its caller.
+    let table = std::mem::ManuallyDrop::new(Table(relation));
+    // SAFETY: the fetched tuple is read under its buffer pin; the executor state and the index
+    // relations live until they are freed and closed here.
+    unsafe {
+        // The row was written under the statement's command id: the update needs a later one.
+        pg_sys::CommandCounterIncrement();
+        let mut tuple: pg_sys::HeapTupleData = std::mem::zeroed();
+        tuple.t_self = tid;
+        let mut buffer = pg_sys::InvalidBuffer as pg_sys::Buffer;
+        let snapshot = &raw mut pg_sys::SnapshotSelfData;
+        if !pg_sys::heap_fetch(relation, snapshot, &mut tuple, &mut buffer, false) {
+            return;
+        }
+        let new = table.modify(&mut tuple, columns);
+        pg_sys::ReleaseBuffer(buffer);
+        pg_sys::simple_heap_update(relation, &mut tuple.t_self, new);
+        if (*(*new).t_data).t_infomask2 & pg_sys::HEAP_ONLY_TUPLE as u16 != 0 {
+            return; // a HOT update: the indexes still point at the row's chain
+        }
+        let estate = pg_sys::CreateExecutorState();
+        let info: *mut pg_sys::ResultRelInfo =
+            pg_sys::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>()).cast();
+        (*info).type_ = pg_sys::NodeTag::T_ResultRelInfo;
+        pg_sys::InitResultRelInfo(info, relation, 0, std::ptr::null_mut(), 0);
+        pg_sys::ExecOpenIndices(info, false);
+        let slot = pg_sys::MakeSingleTupleTableSlot(
+            (*relation).rd_att,
+            &raw const pg_sys::TTSOpsHeapTuple,
+        );
+        pg_sys::ExecStoreHeapTuple(new, slot, false);
+        pg_sys::ExecInsertIndexTuples(
+            info,
+            slot,
+            estate,
+            false,
+            false,
+            std::ptr::null_mut(),
             std::ptr::null_mut(),
         );
-        let tuple = pg_sys::systable_getnext(scan);
-        if tuple.is_null() {
-            pg_sys::systable_endscan(scan);
-            SdError::SingletonMissing { table: table_name }.raise();
-        }
-        let desc = (*table.0).rd_att;
-        let read = |name: &CStr| {
-            let mut is_null = false;
-            let datum = pg_sys::heap_getattr(tuple, table.attnum(name), desc, &mut is_null);
-            (!is_null).then_some(datum)
-        };
-        let (columns, result) = change(&read);
-        let natts = (*desc).natts as usize;
-        let (mut values, mut nulls, mut replace) = (
-            vec![pg_sys::Datum::from(0); natts],
-            vec![false; natts],
-            vec![false; natts],
-        );
-        for (name, value) in &columns {
-            let i = (table.attnum(name) - 1) as usize;
-            values[i] = value.unwrap_or(pg_sys::Datum::from(0));
-            nulls[i] = value.is_none();
-            replace[i] = true;
-        }
-        let new = pg_sys::heap_modify_tuple(
-            tuple,
-            desc,
-            values.as_mut_ptr(),
-            nulls.as_mut_ptr(),
-            replace.as_mut_ptr(),
-        );
-        let indexes = Indexes::open(&table);
-        pg_sys::CatalogTupleUpdateWithInfo(table.0, &mut (*tuple).t_self, new, indexes.0);
-        pg_sys::systable_endscan(scan);
-        // Later statements of this transaction see the new row, as after an UPDATE.
-        pg_sys::CommandCounterIncrement();
-        result
+        pg_sys::ExecDropSingleTupleTableSlot(slot);
+        pg_sys::ExecCloseIndices(info);
+        pg_sys::FreeExecutorState(estate);
     }
 }

@@ -71,7 +71,7 @@ fn step(
             c.update(
                 "UPDATE shard_directory.shard_directory \
              SET state = $3, shard_name = $4, target_shard = $5 \
-             WHERE entity_type = $1 AND entity_id = $2 RETURNING version",
+             WHERE entity_type = $1 AND entity_id = $2",
                 None,
                 &[
                     key.entity_type.as_str().into(),
@@ -79,6 +79,17 @@ fn step(
                     new.state.as_str().into(),
                     new.shard_name.as_str().into(),
                     new.target_shard.as_deref().into(),
+                ],
+            )?;
+            // Read back, not RETURNING: RETURNING shows the stamp the row was written with, and
+            // the statement stamps it again when another writer took that version first.
+            c.select(
+                "SELECT version FROM shard_directory.shard_directory \
+                 WHERE entity_type = $1 AND entity_id = $2",
+                Some(1),
+                &[
+                    key.entity_type.as_str().into(),
+                    key.entity_id.as_str().into(),
                 ],
             )?
             .first()

@@ -1,12 +1,16 @@
 //! One version bump per statement that changes the directory.
 //!
-//! A BEFORE STATEMENT trigger opens a frame; the first row the statement changes bumps
-//! `shard_directory_version` (under `lock_versions`, held until commit, so versions follow
-//! commit order) and every row of the statement is stamped with that value; the
+//! A BEFORE STATEMENT trigger opens a frame. Rows are stamped (BEFORE ROW) with the version the
+//! statement expects to get, predicted from the version row without waiting for anyone; the
+//! statement takes the lock that orders versions only when its first written row is recorded
+//! (AFTER ROW, at the end of the statement), bumps `shard_directory_version` under it and holds
+//! it until commit, so versions follow commit order while the statement's own work (finding and
+//! writing its rows) runs alongside other writers. A row whose predicted stamp turned out wrong
+//! (another writer committed first) is stamped again with the version the statement got. The
 //! AFTER STATEMENT trigger closes the frame and notifies. A statement runs several statement
 //! trigger pairs when it is a WITH query or an `INSERT ... ON CONFLICT DO UPDATE`: they share one
-//! frame, so one statement gets one version and one notification. A statement whose rows were
-//! all skipped (`ON CONFLICT DO NOTHING`) takes its bump back: it changed nothing.
+//! frame, so one statement gets one version and one notification. A statement that writes no row
+//! (all skipped by `ON CONFLICT DO NOTHING`, or left as they were) bumps nothing.
 
 use std::cell::RefCell;
 
@@ -31,9 +35,9 @@ struct Frame {
     nest_level: i32,
     /// Statement triggers begun and not yet ended.
     open: u32,
+    /// The version rows were stamped with before the statement had its bump.
+    predicted: Option<i64>,
     bump: Option<Bump>,
-    /// Whether a row of the statement was written (an AFTER ROW trigger ran for it).
-    written: bool,
 }
 
 thread_local! {
@@ -69,60 +73,69 @@ pub fn begin() {
             frames.push(Frame {
                 nest_level: level,
                 open: 1,
+                predicted: None,
                 bump: None,
-                written: false,
             })
         });
     }
 }
 
-/// The version of the statement now running; the first call bumps the global version.
-pub fn current() -> Bump {
-    match with_top(|top| top.map(|f| f.bump)) {
+/// The top frame's `field`, made by `make` the first time (outside the frames' borrow: making it
+/// reads and writes tables).
+fn memo<T: Copy>(field: fn(&mut Frame) -> &mut Option<T>, make: impl FnOnce() -> T) -> T {
+    match with_top(|top| top.map(|f| *field(f))) {
         None => SdError::TriggersMissing.raise(),
-        Some(Some(b)) => b,
+        Some(Some(value)) => value,
         Some(None) => {
-            let b = bump();
+            let value = make();
             with_top(|top| {
                 if let Some(top) = top {
-                    top.bump = Some(b);
+                    *field(top) = Some(value);
                 }
             });
-            b
+            value
         }
     }
 }
 
-/// The statement's bump, if it made one.
-pub fn peek() -> Option<Bump> {
-    with_top(|top| top.and_then(|f| f.bump))
+/// The version to stamp a row of the running statement with (BEFORE ROW): its bump once made,
+/// else the version it expects. Takes no lock.
+pub fn stamp() -> i64 {
+    match with_top(|top| top.and_then(|f| f.bump)) {
+        Some(bump) => bump.version,
+        None => memo(|f| &mut f.predicted, predict),
+    }
 }
 
-/// An AFTER ROW trigger saw one of the statement's rows written.
-pub fn written() {
+/// Whether `version` is one the running statement stamps its rows with (a row inserted with
+/// any other version was not stamped by it: a restore).
+pub fn stamped_with(version: i64) -> bool {
     with_top(|top| {
-        if let Some(top) = top {
-            top.written = true;
-        }
-    });
+        top.is_some_and(|f| {
+            f.predicted == Some(version) || f.bump.is_some_and(|b| b.version == version)
+        })
+    })
+}
+
+/// The version of the statement now running (AFTER ROW); the first call bumps the global version.
+pub fn current() -> Bump {
+    memo(|f| &mut f.bump, bump)
 }
 
 /// Closes one statement trigger pair. When the statement's last pair ends, notifies the version
-/// it bumped to, or takes the bump back if no row was written.
+/// it bumped to, if it bumped.
 pub fn end() {
     let closed = with_top(|top| {
         let top = top?;
         top.open = top.open.saturating_sub(1);
-        (top.open == 0).then_some((top.bump, top.written))
+        (top.open == 0).then_some(top.bump)
     });
-    let Some((bump, written)) = closed else {
+    let Some(bump) = closed else {
         return;
     };
     FRAMES.with_borrow_mut(|frames| frames.pop());
-    match bump {
-        Some(b) if written => notify(b.version),
-        Some(b) => unbump(b.version),
-        None => {}
+    if let Some(b) = bump {
+        notify(b.version);
     }
 }
 
@@ -148,6 +161,19 @@ pub fn lock_versions() -> pg_sys::Oid {
     relid
 }
 
+/// The version the next bump will most likely make: one past the newest version row, one more
+/// when a writer has bumped it and not yet committed (it will commit before this statement gets
+/// the lock). Wrong when another writer bumps in between, or one aborts: the rows are then
+/// stamped again.
+fn predict() -> i64 {
+    let table = "shard_directory_version";
+    let (version, pending) = heap::peek_singleton(version_table(), table, c"version");
+    let Some(version) = version.and_then(|d| unsafe { i64::from_datum(d, false) }) else {
+        SdError::SingletonMissing { table }.raise()
+    };
+    version + 1 + i64::from(pending)
+}
+
 fn bump() -> Bump {
     let relid = lock_versions();
     heap::update_singleton(relid, "shard_directory_version", |read| {
@@ -170,24 +196,6 @@ fn bump() -> Bump {
         ];
         (columns, bump)
     })
-}
-
-/// Takes back `version` if it is still the latest (a deeper statement may have bumped past it;
-/// then the gap stays, which clients read as a change that was not one).
-fn unbump(version: i64) {
-    let relid = lock_versions();
-    privilege::as_owner_of(relid, || {
-        writer::as_writer(Writer::Unbump, || {
-            spi(
-                "take back an unused version",
-                Spi::run_with_args(
-                    "UPDATE shard_directory.shard_directory_version SET version = version - 1 \
-                     WHERE version = $1",
-                    &[version.into()],
-                ),
-            )
-        })
-    });
 }
 
 /// Raises the version to at least `version` (a restore); never lowers it. `at`, the restored

@@ -9,7 +9,7 @@ use pgrx::prelude::*;
 use super::row::{self, Entry};
 use super::transition::{self, Transition};
 use super::writer::{self, Writer};
-use super::{history, statement};
+use super::{heap, history, statement};
 use crate::error::{spi, SdError};
 use crate::{catalog, guc, privilege, TriggerResult};
 
@@ -109,7 +109,7 @@ fn shard_directory_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
         // Keep the stored row as it is: nothing to version, nothing to record.
         return Ok(trigger.old().map(PgHeapTuple::into_owned));
     }
-    let bump = statement::current();
+    let stamp = statement::stamp();
     let (Some(new), Some(tuple)) = (new, trigger.new()) else {
         return Ok(trigger.old().map(PgHeapTuple::into_owned));
     };
@@ -122,7 +122,7 @@ fn shard_directory_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     let mut tuple = tuple.into_owned();
     let [version, updated_at, updated_by] =
         row::positions(&tuple, ["version", "updated_at", "updated_by"]);
-    spi("stamp version", tuple.set_by_index(version, bump.version));
+    spi("stamp version", tuple.set_by_index(version, stamp));
     spi("stamp updated_at", tuple.set_by_index(updated_at, now()));
     spi(
         "stamp updated_by",
@@ -131,7 +131,8 @@ fn shard_directory_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     Ok(Some(tuple))
 }
 
-/// AFTER ROW: one history row per changed entry, with the transition it made.
+/// AFTER ROW: the statement's version (the first row takes it), the row stamped again if its
+/// predicted stamp was wrong, and one history row per changed entry, with the transition it made.
 #[pg_trigger]
 fn shard_directory_record_history<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     own_table(
@@ -139,10 +140,10 @@ fn shard_directory_record_history<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResu
         "shard_directory_record_history",
         c"shard_directory",
     );
-    if let (PgTriggerOperation::Insert, Some(tuple)) = (op(trigger), trigger.new()) {
+    let operation = op(trigger);
+    if let (PgTriggerOperation::Insert, Some(tuple)) = (&operation, trigger.new()) {
         // An insert the statement did not stamp is a restored entry: its history is restored too.
-        let stamped = version_of(&tuple);
-        if statement::peek().is_none_or(|b| b.version != stamped) {
+        if !statement::stamped_with(version_of(&tuple)) {
             return Ok(None);
         }
     }
@@ -151,7 +152,21 @@ fn shard_directory_record_history<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResu
         return Ok(None);
     }
     let bump = statement::current();
-    statement::written();
+    if let Some(tuple) = trigger.new().filter(|t| version_of(t) != bump.version) {
+        let data = trigger.trigger_data();
+        let written = match operation {
+            PgTriggerOperation::Update => data.tg_newtuple,
+            _ => data.tg_trigtuple,
+        };
+        drop(tuple);
+        // SAFETY: the trigger's tuple is valid for the call; its t_self is where it was written.
+        let tid = unsafe { (*written).t_self };
+        heap::rewrite_own_row(
+            data.tg_relation,
+            tid,
+            &[(c"version", bump.version.into_datum())],
+        );
+    }
     history::record(
         old.as_ref(),
         &new,
@@ -204,9 +219,7 @@ fn shard_directory_version_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResul
                 trigger.old().map_or(0, |t| version_of(&t)),
                 trigger.new().map_or(0, |t| version_of(&t)),
             );
-            let allowed = to == from + 1
-                || (writer::writing(Writer::Unbump) && to == from - 1)
-                || (writer::writing(Writer::Restore) && to >= from);
+            let allowed = to == from + 1 || (writer::writing(Writer::Restore) && to >= from);
             if !allowed {
                 SdError::VersionRegression { from, to }.raise();
             }

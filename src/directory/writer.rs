@@ -6,8 +6,6 @@ use std::cell::Cell;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Writer {
-    /// A statement takes back the version it bumped because it wrote no row.
-    Unbump,
     /// A restored entry raises the version to at least its own.
     Restore,
     /// `purge_history` removes old history.
