@@ -33,6 +33,7 @@ mod xact;
 pub extern "C-unwind" fn _PG_init() {
     guc::init();
     xact::init();
+    directory::init();
     shard::init();
 }
 

@@ -400,6 +400,49 @@ mod tests {
         );
     }
 
+    /// A statement expects its version from shared memory (this cluster preloads the library).
+    /// An expectation too high (a bump rolled back) or too low (another writer bumped since)
+    /// only makes the statement stamp its rows again: they and their history carry the version
+    /// it got, and the expectation is right again after.
+    #[pg_test]
+    fn a_wrong_expected_version_costs_a_second_stamp_never_a_wrong_one() {
+        use crate::directory::latest;
+        setup();
+        assert_eq!(latest::get(), Some(version()), "a bump records its version");
+        let updates = || -> i64 {
+            one("SELECT n_tup_upd FROM pg_stat_xact_user_tables WHERE relname = 'shard_directory'")
+        };
+        for off_by in [5, -1] {
+            let (v, updated) = (version(), updates());
+            latest::set(v + off_by);
+            Spi::run(
+                "UPDATE shard_directory.shard_directory \
+                 SET region = CASE WHEN region IS NULL THEN 'eu' END WHERE entity_type = 'tenant'",
+            )
+            .unwrap();
+            let got = v + 1;
+            assert_eq!(version(), got);
+            let stamped = |table: &str| -> i64 {
+                one(&format!(
+                    "SELECT count(*) FROM shard_directory.{table} WHERE version = {got}"
+                ))
+            };
+            assert_eq!(
+                (
+                    stamped("shard_directory"),
+                    stamped("shard_directory_history")
+                ),
+                (3, 3)
+            );
+            assert_eq!(
+                updates() - updated,
+                6,
+                "three rows written, then stamped again"
+            );
+            assert_eq!(latest::get(), Some(got));
+        }
+    }
+
     #[pg_test]
     fn both_aborts_return_the_entry_to_its_source() {
         setup();

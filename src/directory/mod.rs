@@ -3,9 +3,14 @@
 
 mod heap;
 mod history;
+pub(crate) mod latest;
 mod moves;
 mod row;
 pub(crate) mod statement;
 pub mod transition;
 pub mod triggers;
 mod writer;
+
+pub fn init() {
+    latest::init();
+}

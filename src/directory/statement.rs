@@ -16,8 +16,8 @@ use std::cell::RefCell;
 
 use pgrx::prelude::*;
 
-use super::heap;
 use super::writer::{self, Writer};
+use super::{heap, latest};
 use crate::error::{spi, SdError};
 use crate::privilege;
 
@@ -161,11 +161,14 @@ pub fn lock_versions() -> pg_sys::Oid {
     relid
 }
 
-/// The version the next bump will most likely make: one past the newest version row, one more
-/// when a writer has bumped it and not yet committed (it will commit before this statement gets
-/// the lock). Wrong when another writer bumps in between, or one aborts: the rows are then
-/// stamped again.
+/// The version the next bump will most likely make: one past the newest bump, committed or not
+/// (a writer that has bumped commits before this statement gets the lock). Wrong when another
+/// writer bumps in between, or one rolls back: the rows are then stamped again.
 fn predict() -> i64 {
+    if let Some(latest) = latest::get() {
+        return latest + 1;
+    }
+    // Not preloaded: the newest version row, and whether a writer is changing it.
     let table = "shard_directory_version";
     let (version, pending) = heap::peek_singleton(version_table(), table, c"version");
     let Some(version) = version.and_then(|d| unsafe { i64::from_datum(d, false) }) else {
@@ -176,7 +179,7 @@ fn predict() -> i64 {
 
 fn bump() -> Bump {
     let relid = lock_versions();
-    heap::update_singleton(relid, "shard_directory_version", |read| {
+    let bump = heap::update_singleton(relid, "shard_directory_version", |read| {
         let get = |name| unsafe { read(name).and_then(|d| i64::from_datum(d, false)) };
         let (Some(version), Some(at)) = (get(c"version"), get(c"updated_at")) else {
             SdError::SingletonMissing {
@@ -195,7 +198,9 @@ fn bump() -> Bump {
             (c"updated_at", bump.at.into_datum()),
         ];
         (columns, bump)
-    })
+    });
+    latest::set(bump.version);
+    bump
 }
 
 /// Raises the version to at least `version` (a restore); never lowers it. `at`, the restored

@@ -10,8 +10,17 @@ use tokio_postgres::Client;
 
 const DEADLINE: Duration = Duration::from_secs(10);
 
+/// With the library preloaded, a statement expects its version from shared memory; without, from
+/// the version row. Tests of the expected version run both.
+const PRELOAD: &[(&str, &str)] = &[("shared_preload_libraries", "shard_directory")];
+const EITHER: [&[(&str, &str)]; 2] = [&[], PRELOAD];
+
 async fn directory() -> (Cluster, Client) {
-    let cluster = Cluster::start("dir", &[]);
+    directory_with(&[]).await
+}
+
+async fn directory_with(settings: &[(&str, &str)]) -> (Cluster, Client) {
+    let cluster = Cluster::start("dir", settings);
     cluster.create_database_with_extension("directory").await;
     let client = cluster.connect("directory").await;
     client
@@ -275,7 +284,13 @@ async fn a_statement_waiting_for_an_entry_does_not_deadlock_with_its_holder_and_
 /// writer's version when it rolls back: its row is stamped again, and no version is skipped.
 #[tokio::test]
 async fn a_statement_that_expected_a_version_past_a_rolled_back_writer_is_stamped_again() {
-    let (cluster, first) = directory().await;
+    for settings in EITHER {
+        expected_a_version_past_a_rolled_back_writer(settings).await;
+    }
+}
+
+async fn expected_a_version_past_a_rolled_back_writer(settings: &[(&str, &str)]) {
+    let (cluster, first) = directory_with(settings).await;
     let second = cluster.connect("directory").await;
     let second_pid = pid(&second).await;
     let before = version(&first).await;
@@ -319,10 +334,16 @@ async fn a_statement_that_expected_a_version_past_a_rolled_back_writer_is_stampe
 /// statement that last changed it.
 #[tokio::test]
 async fn racing_writers_leave_one_version_per_statement_in_commit_order() {
+    for settings in EITHER {
+        racing_writers(settings).await;
+    }
+}
+
+async fn racing_writers(settings: &[(&str, &str)]) {
     const WRITERS: usize = 4;
     const STATEMENTS: usize = 150;
     const ENTRIES: usize = 20;
-    let (cluster, c) = directory().await;
+    let (cluster, c) = directory_with(settings).await;
     c.batch_execute(&format!(
         "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) \
          SELECT 'tenant', 'r' || g, 'shard_1' FROM generate_series(1, {ENTRIES}) g"
@@ -428,7 +449,9 @@ async fn racing_writers_leave_one_version_per_statement_in_commit_order() {
         (n > 0).then_some(n)
     })
     .await;
-    println!("{statements} statements, {rows} rows, {stamped_again} rows stamped again");
+    println!(
+        "{settings:?}: {statements} statements, {rows} rows, {stamped_again} rows stamped again"
+    );
 }
 
 #[tokio::test]

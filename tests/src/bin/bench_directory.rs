@@ -3,6 +3,8 @@
 //! trigger plus the extension's rules written in PL/pgSQL (`rules`: shard and region check,
 //! stamp, history row) and the extension (the same, native), side by side in one database, at 1
 //! and 2 clients, in interleaved rounds, median TPS of each and its ratio to the plain table.
+//! The library is preloaded, as README recommends: a statement then expects its version from
+//! shared memory instead of reading the version row.
 //!
 //! Run with `bash scripts/bench.sh directory` (installs a release build first).
 
@@ -11,7 +13,10 @@ use shard_directory_e2e::{pgbench, Cluster};
 #[tokio::main]
 async fn main() {
     let (seconds, rounds) = pgbench::settings();
-    let cluster = Cluster::start("bench-directory", &[]);
+    let cluster = Cluster::start(
+        "bench-directory",
+        &[("shared_preload_libraries", "shard_directory")],
+    );
     cluster.create_database_with_extension("bench").await;
     let setup = std::fs::read_to_string(pgbench::script("directory_setup.sql")).unwrap();
     let c = cluster.connect("bench").await;
