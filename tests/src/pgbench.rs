@@ -52,7 +52,8 @@ pub fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Runs each script in `variants` for `rounds` interleaved rounds (`-M prepared`, `clients`
-/// clients, `seconds` each) and prints the median TPS of each against the first.
+/// clients, `seconds` each) and prints the median TPS of each against the first. Returns each
+/// variant's TPS per round, for ratios paired round by round ([`paired`]).
 pub fn compare(
     cluster: &Cluster,
     db: &str,
@@ -61,7 +62,7 @@ pub fn compare(
     clients: &str,
     seconds: &str,
     rounds: usize,
-) {
+) -> Vec<Vec<f64>> {
     let mut results: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
     for _ in 0..rounds {
         for (i, (_, script)) in variants.iter().enumerate() {
@@ -86,7 +87,7 @@ pub fn compare(
         }
     }
     let base = median(results[0].clone());
-    for ((variant, _), r) in variants.iter().zip(results) {
+    for ((variant, _), r) in variants.iter().zip(&results) {
         let m = median(r.clone());
         println!(
             "{title:>10} {variant:<16} {m:>9.0} tps  {:>5.2}x of {}   rounds: {:?}",
@@ -95,4 +96,11 @@ pub fn compare(
             r.iter().map(|v| v.round() as i64).collect::<Vec<_>>()
         );
     }
+    results
+}
+
+/// The median of `a / b` taken round by round: each pair ran minutes apart at most, so a load
+/// that drifts over the run (a shared machine's) cancels out of each ratio.
+pub fn paired(a: &[f64], b: &[f64]) -> f64 {
+    median(a.iter().zip(b).map(|(a, b)| a / b).collect())
 }

@@ -29,8 +29,14 @@ async fn main() {
     println!("directory UPDATE of one entry, pgbench -M prepared -T {seconds}, {rounds} interleaved rounds, median TPS");
     for clients in ["1", "2"] {
         let title = format!("{clients} client{}", if clients == "1" { "" } else { "s" });
-        pgbench::compare(
+        let tps = pgbench::compare(
             &cluster, "bench", &title, &variants, clients, &seconds, rounds,
+        );
+        let (guide, rules, extension) = (&tps[1], &tps[2], &tps[3]);
+        println!(
+            "{title:>10} extension / guide, paired round by round: {:.2}x; extension / rules: {:.2}x",
+            pgbench::paired(extension, guide),
+            pgbench::paired(extension, rules),
         );
     }
 }
