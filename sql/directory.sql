@@ -152,8 +152,11 @@ CREATE UNIQUE INDEX shard_moves_open_idx ON shard_moves (entity_type, entity_id)
     WHERE finished_at IS NULL;
 
 -- Trigger order on shard_directory for one statement:
---   statement_begin (opens the statement), guard (per row: state machine, shards, region,
---   version stamp, who/when), history (per changed row), shard_directory_changed (notifies).
+--   statement_begin (opens the statement; refuses it if a trigger below would not run),
+--   guard (per row: state machine, shards, region, the version stamp the statement expects,
+--   who/when), history (per changed row, once all are written: the first takes the version lock
+--   and bumps; a row whose stamp was wrong is stamped again; its history row),
+--   shard_directory_changed (notifies).
 CREATE TRIGGER shard_directory_statement_begin
     BEFORE INSERT OR UPDATE OR DELETE ON shard_directory
     FOR EACH STATEMENT EXECUTE FUNCTION shard_directory_statement_begin();

@@ -76,8 +76,11 @@ pub enum SdError {
     VersionRowFixed {
         op: &'static str,
     },
-    /// A row trigger ran without its statement trigger (someone dropped or disabled one).
-    TriggersMissing,
+    /// One of the directory's triggers is dropped or disabled (a row trigger ran without its
+    /// statement trigger, or a statement began whose row triggers would not run).
+    TriggersMissing {
+        trigger: &'static str,
+    },
     /// A singleton table of the extension lost its row.
     SingletonMissing {
         table: &'static str,
@@ -262,7 +265,7 @@ impl SdError {
             | Self::TruncateRefused { .. }
             | Self::VersionRegression { .. }
             | Self::VersionRowFixed { .. }
-            | Self::TriggersMissing
+            | Self::TriggersMissing { .. }
             | Self::SingletonMissing { .. }
             | Self::Spi {
                 datatype: false, ..
@@ -374,7 +377,7 @@ impl SdError {
             Self::TruncateRefused { .. } => {
                 Some("Delete entries with DELETE so that each one is versioned and recorded.".into())
             }
-            Self::TriggersMissing => Some(
+            Self::TriggersMissing { .. } => Some(
                 "Re-enable the triggers on shard_directory.shard_directory, or reinstall the extension.".into(),
             ),
             Self::StaleDirectory { client: None, .. } => Some(
@@ -493,8 +496,10 @@ impl fmt::Display for SdError {
             Self::VersionRowFixed { op } => {
                 write!(f, "shard_directory_version holds exactly one row: {op} refused")
             }
-            Self::TriggersMissing => f.write_str(
-                "shard_directory's statement trigger did not run: the directory's triggers are incomplete",
+            Self::TriggersMissing { trigger } => write!(
+                f,
+                "trigger {trigger} on shard_directory.shard_directory is dropped or disabled: \
+                 the directory's triggers are incomplete, and a change would not be versioned"
             ),
             Self::StaleDirectory { client, minimum } => write!(
                 f,

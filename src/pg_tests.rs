@@ -443,6 +443,47 @@ mod tests {
         }
     }
 
+    /// A statement whose row or closing triggers would not run is refused before it changes
+    /// anything: its rows would be stamped, but never versioned, recorded or notified.
+    #[pg_test]
+    fn a_change_is_refused_while_a_trigger_it_needs_would_not_run() {
+        setup();
+        let update =
+            "UPDATE shard_directory.shard_directory SET region = NULL WHERE entity_id = '1'";
+        for (trigger, disable, enable) in [
+            ("shard_directory_guard", "DISABLE", "ENABLE"),
+            ("shard_directory_history", "DISABLE", "ENABLE"),
+            ("shard_directory_changed", "DISABLE", "ENABLE"),
+            // Fires only when session_replication_role = replica: not in this session.
+            ("shard_directory_history", "ENABLE REPLICA", "ENABLE"),
+        ] {
+            let alter = |how: &str| {
+                Spi::run(&format!(
+                    "ALTER TABLE shard_directory.shard_directory {how} TRIGGER {trigger}"
+                ))
+                .unwrap()
+            };
+            alter(disable);
+            let r = assert_refused(
+                update,
+                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                &[trigger, "dropped or disabled"],
+            );
+            assert!(r
+                .hint
+                .unwrap_or_default()
+                .contains("Re-enable the triggers"));
+            alter(enable);
+        }
+        let v = version();
+        Spi::run(update).unwrap();
+        assert_eq!(
+            version(),
+            v + 1,
+            "with every trigger back, the change is made"
+        );
+    }
+
     #[pg_test]
     fn both_aborts_return_the_entry_to_its_source() {
         setup();

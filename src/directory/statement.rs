@@ -59,7 +59,50 @@ fn with_top<R>(f: impl FnOnce(Option<&mut Frame>) -> R) -> R {
     })
 }
 
-pub fn begin() {
+/// The row and statement triggers a statement of the directory needs, by name: a change its
+/// row triggers did not see would be stamped but never versioned, recorded or notified.
+const NEEDED: [&std::ffi::CStr; 3] = [
+    c"shard_directory_guard",
+    c"shard_directory_history",
+    c"shard_directory_changed",
+];
+
+/// Refuses a statement on `relation` when one of [`NEEDED`] would not fire in this session (it
+/// is dropped, disabled, or enabled for the other `session_replication_role`).
+fn require_triggers(relation: pg_sys::Relation) {
+    let replica = unsafe { pg_sys::SessionReplicationRole }
+        == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32;
+    // SAFETY: the trigger descriptor lives as long as the open relation (the trigger's).
+    let triggers = unsafe {
+        let desc = (*relation).trigdesc;
+        if desc.is_null() {
+            &[][..]
+        } else {
+            std::slice::from_raw_parts((*desc).triggers, (*desc).numtriggers as usize)
+        }
+    };
+    for needed in NEEDED {
+        let fires_now = if replica {
+            pg_sys::TRIGGER_FIRES_ON_REPLICA
+        } else {
+            pg_sys::TRIGGER_FIRES_ON_ORIGIN
+        };
+        let fires = triggers.iter().any(|t| {
+            let name = unsafe { std::ffi::CStr::from_ptr(t.tgname) };
+            let enabled = t.tgenabled as u8;
+            name == needed && (enabled == pg_sys::TRIGGER_FIRES_ALWAYS || enabled == fires_now)
+        });
+        if !fires {
+            SdError::TriggersMissing {
+                trigger: needed.to_str().unwrap_or_default(),
+            }
+            .raise();
+        }
+    }
+}
+
+/// Opens (or joins) the frame of the statement now starting on `relation`.
+pub fn begin(relation: pg_sys::Relation) {
     let level = nest_level();
     let joined = with_top(|top| match top {
         Some(top) if top.nest_level == level && top.open > 0 => {
@@ -69,6 +112,7 @@ pub fn begin() {
         _ => false,
     });
     if !joined {
+        require_triggers(relation);
         FRAMES.with_borrow_mut(|frames| {
             frames.push(Frame {
                 nest_level: level,
@@ -84,7 +128,10 @@ pub fn begin() {
 /// reads and writes tables).
 fn memo<T: Copy>(field: fn(&mut Frame) -> &mut Option<T>, make: impl FnOnce() -> T) -> T {
     match with_top(|top| top.map(|f| *field(f))) {
-        None => SdError::TriggersMissing.raise(),
+        None => SdError::TriggersMissing {
+            trigger: "shard_directory_statement_begin",
+        }
+        .raise(),
         Some(Some(value)) => value,
         Some(None) => {
             let value = make();

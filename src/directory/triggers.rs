@@ -78,7 +78,7 @@ fn shard_directory_statement_begin<'a>(trigger: &'a PgTrigger<'a>) -> TriggerRes
         "shard_directory_statement_begin",
         c"shard_directory",
     );
-    statement::begin();
+    statement::begin(trigger.trigger_data().tg_relation);
     Ok(None)
 }
 
