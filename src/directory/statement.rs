@@ -1,12 +1,13 @@
 //! One version bump per statement that changes the directory.
 //!
 //! A BEFORE STATEMENT trigger opens a frame. Rows are stamped (BEFORE ROW) with the version the
-//! statement expects to get, predicted from the version row without waiting for anyone; the
-//! statement takes the lock that orders versions only when its first written row is recorded
-//! (AFTER ROW, at the end of the statement), bumps `shard_directory_version` under it and holds
-//! it until commit, so versions follow commit order while the statement's own work (finding and
-//! writing its rows) runs alongside other writers. A row whose predicted stamp turned out wrong
-//! (another writer committed first) is stamped again with the version the statement got. The
+//! statement expects to get, one past the newest bump (`latest`, or the version row when the
+//! library is not preloaded), without waiting for anyone. The statement takes the lock that
+//! orders versions only when its first written row is recorded (AFTER ROW, at the end of the
+//! statement), bumps `shard_directory_version` under it and holds it until commit: versions
+//! follow commit order, while the statement's own work (finding and writing its rows) runs
+//! alongside other writers. A row whose stamp turned out wrong (another writer committed first,
+//! or an expected one rolled back) is stamped again with the version the statement got. The
 //! AFTER STATEMENT trigger closes the frame and notifies. A statement runs several statement
 //! trigger pairs when it is a WITH query or an `INSERT ... ON CONFLICT DO UPDATE`: they share one
 //! frame, so one statement gets one version and one notification. A statement that writes no row
@@ -81,12 +82,12 @@ fn require_triggers(relation: pg_sys::Relation) {
             std::slice::from_raw_parts((*desc).triggers, (*desc).numtriggers as usize)
         }
     };
+    let fires_now = if replica {
+        pg_sys::TRIGGER_FIRES_ON_REPLICA
+    } else {
+        pg_sys::TRIGGER_FIRES_ON_ORIGIN
+    };
     for needed in NEEDED {
-        let fires_now = if replica {
-            pg_sys::TRIGGER_FIRES_ON_REPLICA
-        } else {
-            pg_sys::TRIGGER_FIRES_ON_ORIGIN
-        };
         let fires = triggers.iter().any(|t| {
             let name = unsafe { std::ffi::CStr::from_ptr(t.tgname) };
             let enabled = t.tgenabled as u8;
