@@ -152,13 +152,15 @@ fn shard_directory_record_history<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResu
         return Ok(None);
     }
     let bump = statement::current();
-    if let Some(tuple) = trigger.new().filter(|t| version_of(t) != bump.version) {
+    if trigger
+        .new()
+        .is_some_and(|t| version_of(&t) != bump.version)
+    {
         let data = trigger.trigger_data();
         let written = match operation {
             PgTriggerOperation::Update => data.tg_newtuple,
             _ => data.tg_trigtuple,
         };
-        drop(tuple);
         // SAFETY: the trigger's tuple is valid for the call; its t_self is where it was written.
         let tid = unsafe { (*written).t_self };
         heap::rewrite_own_row(

@@ -14,7 +14,7 @@ pub mod workload;
 
 pub use cluster::{Cluster, Frozen, Listener};
 pub use topology::{reaches, Topology};
-pub use wait::{eventually, within};
+pub use wait::{backend_pid, blocked_on, eventually, within, ANY_LOCK};
 
 /// A benchmark's directory: a throwaway cluster with `settings`, database `bench` with the
 /// extension and one shard registered (`shard_1`, no cluster behind it), and a DBA's connection.

@@ -1,6 +1,8 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use tokio_postgres::Client;
+
 /// Polls `check` until it returns `Some`, or panics naming `what` after `deadline`: tests wait on
 /// a condition, never on a sleep.
 pub async fn eventually<T, F, Fut>(what: &str, deadline: Duration, check: F) -> T
@@ -43,5 +45,28 @@ pub async fn accepting(what: &str, port: u16) {
                 .map(|_| ())
         },
     )
+    .await;
+}
+
+/// The backend behind `c`.
+pub async fn backend_pid(c: &Client) -> i32 {
+    c.query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Any heavyweight lock, for [`blocked_on`].
+pub const ANY_LOCK: &str = "true";
+
+/// Waits (up to 10 s) until backend `pid` waits for a heavyweight lock matching `lock` (a
+/// condition on `pg_locks`), or panics naming `what`.
+pub async fn blocked_on(observer: &Client, pid: i32, lock: &str, what: &str) {
+    let query =
+        format!("SELECT EXISTS (SELECT FROM pg_locks WHERE pid = $1 AND NOT granted AND {lock})");
+    eventually(what, Duration::from_secs(10), || async {
+        let waiting: bool = observer.query_one(&query, &[&pid]).await.unwrap().get(0);
+        waiting.then_some(())
+    })
     .await;
 }

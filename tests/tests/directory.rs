@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use shard_directory_e2e::{eventually, Cluster, Listener};
+use shard_directory_e2e::{backend_pid as pid, blocked_on, eventually, Cluster, Listener};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
@@ -52,33 +52,11 @@ async fn listening(cluster: &Cluster) -> Listener {
     listener
 }
 
-async fn pid(c: &Client) -> i32 {
-    c.query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0)
-}
-
 /// A wait on the lock that orders versions.
 const VERSION_LOCK: &str = "locktype = 'object' AND classid = 'pg_class'::regclass \
      AND objid = 'shard_directory.shard_directory_version'::regclass";
 /// A wait on another transaction (a row it has locked).
 const ROW_LOCK: &str = "locktype = 'transactionid'";
-
-/// Waits (with a deadline) until backend `pid` waits on a lock matching `lock`.
-async fn blocked_on(observer: &Client, pid: i32, lock: &str) {
-    let query =
-        format!("SELECT EXISTS (SELECT FROM pg_locks WHERE pid = $1 AND NOT granted AND {lock})");
-    eventually(
-        &format!("backend {pid} to wait on {lock}"),
-        DEADLINE,
-        || async {
-            let waiting: bool = observer.query_one(&query, &[&pid]).await.unwrap().get(0);
-            waiting.then_some(())
-        },
-    )
-    .await;
-}
 
 /// `(entity_id, version)` of the given entries, and the versions history recorded after `since`.
 async fn stamps(c: &Client, since: i64) -> (Vec<(String, i64)>, Vec<(String, i64)>) {
@@ -173,7 +151,13 @@ async fn concurrent_writers_get_distinct_versions_in_commit_order() {
         second.batch_execute("COMMIT").await.unwrap();
         v
     });
-    blocked_on(&first, second_pid, VERSION_LOCK).await;
+    blocked_on(
+        &first,
+        second_pid,
+        VERSION_LOCK,
+        "the second writer to wait on the version lock",
+    )
+    .await;
     assert!(!racer.is_finished());
     first.batch_execute("COMMIT").await.unwrap();
     let v_second = tokio::time::timeout(DEADLINE, racer)
@@ -228,7 +212,13 @@ async fn a_statement_waiting_for_an_entry_does_not_deadlock_with_its_holder_and_
             )
             .await
     });
-    blocked_on(&step, statement_pid, ROW_LOCK).await;
+    blocked_on(
+        &step,
+        statement_pid,
+        ROW_LOCK,
+        "the statement to wait for 8842",
+    )
+    .await;
     let stepped: i64 = step
         .query_one(
             "SELECT shard_directory.begin_move('tenant', '8842', 'shard_2')",
@@ -309,7 +299,13 @@ async fn expected_a_version_past_a_rolled_back_writer(settings: &[(&str, &str)])
             )
             .await
     });
-    blocked_on(&first, second_pid, VERSION_LOCK).await;
+    blocked_on(
+        &first,
+        second_pid,
+        VERSION_LOCK,
+        "the second writer to wait on the version lock",
+    )
+    .await;
     first.batch_execute("ROLLBACK").await.unwrap();
     let changed = tokio::time::timeout(DEADLINE, racer)
         .await

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use shard_directory_e2e::{eventually, Cluster};
+use shard_directory_e2e::{backend_pid as pid, blocked_on, eventually, Cluster, ANY_LOCK};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Error};
 
@@ -67,24 +67,6 @@ fn retryable(e: &Error) -> (String, Value) {
     (db.message().to_owned(), detail)
 }
 
-async fn wait_for_lock(observer: &Client, pid: i32, what: &str) {
-    eventually(what, DEADLINE, || async {
-        let row = observer
-            .query_one("SELECT wait_event_type IS NOT DISTINCT FROM 'Lock' FROM pg_stat_activity WHERE pid = $1", &[&pid])
-            .await
-            .unwrap();
-        row.get::<_, bool>(0).then_some(())
-    })
-    .await;
-}
-
-async fn pid(c: &Client) -> i32 {
-    c.query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0)
-}
-
 async fn count(c: &Client, tenant: &str) -> i64 {
     c.query_one(
         "SELECT count(*) FROM orders WHERE tenant_id = $1",
@@ -123,13 +105,19 @@ async fn a_fence_waits_for_checked_writes_in_flight_and_refuses_writes_checked_a
             .await
             .unwrap();
     });
-    wait_for_lock(&dba, fencer_pid, "the fence to wait for the checked write").await;
+    blocked_on(
+        &dba,
+        fencer_pid,
+        ANY_LOCK,
+        "the fence to wait for the checked write",
+    )
+    .await;
     assert!(!fence.is_finished());
     // A checked write that starts meanwhile, even another tenant's, queues behind the fence (one
     // lock orders every check against every fence; the wait is bounded, see below).
     let other_pid = pid(&other).await;
     let queued = tokio::spawn(async move { write(&other, 41, "7", "after the fence").await });
-    wait_for_lock(&dba, other_pid, "the next checked write to queue").await;
+    blocked_on(&dba, other_pid, ANY_LOCK, "the next checked write to queue").await;
 
     writer.batch_execute("COMMIT").await.unwrap();
     tokio::time::timeout(DEADLINE, fence)
@@ -201,16 +189,23 @@ async fn a_fence_behind_an_idle_transaction_gives_up_and_names_the_blocker() {
             .execute("SELECT shard_directory.fence_frozen('tenant', '8842')", &[])
             .await
     });
-    wait_for_lock(
+    blocked_on(
         &dba,
         fencer_pid,
+        ANY_LOCK,
         "the fence to wait for the idle transaction",
     )
     .await;
     // While it waits, new checked writes queue behind it...
     let other_pid = pid(&other).await;
     let queued = tokio::spawn(async move { write(&other, 41, "9", "queued").await });
-    wait_for_lock(&dba, other_pid, "a checked write to queue behind the fence").await;
+    blocked_on(
+        &dba,
+        other_pid,
+        ANY_LOCK,
+        "a checked write to queue behind the fence",
+    )
+    .await;
 
     // ...for a bounded time: the fence gives up, naming the blocker.
     let err = tokio::time::timeout(DEADLINE, fence)
@@ -300,9 +295,10 @@ async fn raising_min_accepted_waits_for_checked_transactions_in_flight() {
             .unwrap()
             .get::<_, i64>(0)
     });
-    wait_for_lock(
+    blocked_on(
         &dba,
         raiser_pid,
+        ANY_LOCK,
         "the raise to wait for the checked transaction",
     )
     .await;
