@@ -1,13 +1,57 @@
 //! The extension's own objects, found by name in its schema.
 
+use std::cell::{Cell, RefCell};
 use std::ffi::CStr;
 
 use pgrx::pg_sys;
 
 use crate::error::SdError;
 
+thread_local! {
+    /// OIDs found by [`relation`]: every directory change names its tables several times, and
+    /// two catalog lookups by name each time were 1.4% of a one-entry change under `perf`.
+    static FOUND: RefCell<Vec<(&'static CStr, pg_sys::Oid)>> = const { RefCell::new(Vec::new()) };
+    /// Set by the callback (which may run while `FOUND` is borrowed): forget every OID.
+    static FORGET: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Any change to a relation's or a schema's name entry (a table made, dropped, renamed or moved;
+/// the extension dropped and made anew) empties the cache, as PostgreSQL's own caches are kept.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, _cache: i32, _hash: u32) {
+    FORGET.set(true);
+}
+
+pub fn init() {
+    for cache in [
+        pg_sys::SysCacheIdentifier::RELNAMENSP,
+        pg_sys::SysCacheIdentifier::NAMESPACENAME,
+    ] {
+        unsafe {
+            pg_sys::CacheRegisterSyscacheCallback(
+                cache as i32,
+                Some(forget),
+                pg_sys::Datum::from(0),
+            )
+        };
+    }
+}
+
 /// The OID of `shard_directory.<name>`; an error naming it when it is missing.
-pub fn relation(name: &CStr) -> pg_sys::Oid {
+pub fn relation(name: &'static CStr) -> pg_sys::Oid {
+    // As fresh as the catalog lookups it saves: both see invalidations once they are processed.
+    if FORGET.replace(false) {
+        FOUND.with_borrow_mut(Vec::clear);
+    }
+    if let Some(oid) = FOUND.with_borrow(|f| f.iter().find(|(n, _)| *n == name).map(|f| f.1)) {
+        return oid;
+    }
+    let oid = lookup(name);
+    FOUND.with_borrow_mut(|f| f.push((name, oid)));
+    oid
+}
+
+fn lookup(name: &CStr) -> pg_sys::Oid {
     unsafe {
         let ns = pg_sys::get_namespace_oid(c"shard_directory".as_ptr(), true);
         let oid = if ns == pg_sys::InvalidOid {

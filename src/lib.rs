@@ -32,6 +32,7 @@ mod xact;
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     guc::init();
+    catalog::init();
     xact::init();
     directory::init();
     shard::init();

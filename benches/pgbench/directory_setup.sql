@@ -11,9 +11,11 @@ INSERT INTO public.plain_directory SELECT * FROM shard_directory.shard_directory
 CREATE TABLE public.guide_directory (LIKE shard_directory.shard_directory INCLUDING ALL);
 INSERT INTO public.guide_directory SELECT * FROM shard_directory.shard_directory;
 CREATE TABLE public.shard_directory_version (
-    version    bigint      NOT NULL,
-    updated_at timestamptz NOT NULL DEFAULT now());
-INSERT INTO public.shard_directory_version VALUES (0);
+    id          bool PRIMARY KEY DEFAULT true CHECK (id),
+    version     bigint NOT NULL,
+    updated_at  timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO public.shard_directory_version (version) VALUES (0);
 
 -- the notification, emitted by the same transaction that changes the mapping
 CREATE OR REPLACE FUNCTION notify_directory_change() RETURNS trigger AS $$
@@ -33,10 +35,8 @@ FOR EACH STATEMENT EXECUTE FUNCTION notify_directory_change();
 -- indexes), then the notification.
 CREATE TABLE public.rules_directory (LIKE shard_directory.shard_directory INCLUDING ALL);
 INSERT INTO public.rules_directory SELECT * FROM shard_directory.shard_directory;
-CREATE TABLE public.rules_version (
-    version    bigint      NOT NULL,
-    updated_at timestamptz NOT NULL DEFAULT now());
-INSERT INTO public.rules_version VALUES (0);
+CREATE TABLE public.rules_version (LIKE public.shard_directory_version INCLUDING ALL);
+INSERT INTO public.rules_version (version) VALUES (0);
 CREATE TABLE public.rules_history (LIKE shard_directory.shard_directory_history INCLUDING ALL);
 
 CREATE FUNCTION public.rules_guard() RETURNS trigger LANGUAGE plpgsql AS $$

@@ -109,27 +109,11 @@ impl Table {
     /// # Safety
     /// `tuple` is a valid tuple of this table.
     unsafe fn modify(&self, tuple: pg_sys::HeapTuple, columns: &[Column<'_>]) -> pg_sys::HeapTuple {
-        let natts = self.attributes().len();
-        let (mut values, mut nulls, mut replace) = (
-            vec![pg_sys::Datum::from(0); natts],
-            vec![false; natts],
-            vec![false; natts],
-        );
-        for (name, value) in columns {
-            let i = (self.attnum(name) - 1) as usize;
-            values[i] = value.unwrap_or(pg_sys::Datum::from(0));
-            nulls[i] = value.is_none();
-            replace[i] = true;
-        }
-        unsafe {
-            pg_sys::heap_modify_tuple(
-                tuple,
-                (*self.0).rd_att,
-                values.as_mut_ptr(),
-                nulls.as_mut_ptr(),
-                replace.as_mut_ptr(),
-            )
-        }
+        let at: Vec<_> = columns
+            .iter()
+            .map(|(name, value)| (self.attnum(name) as usize, *value))
+            .collect();
+        unsafe { modified(tuple, (*self.0).rd_att, &at) }
     }
 
     fn next_identity(&self, index: usize) -> pg_sys::Datum {
@@ -147,6 +131,38 @@ impl Table {
         let value =
             unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| nextval_internal(sequence, false)) };
         pg_sys::Datum::from(value)
+    }
+}
+
+/// A copy of `tuple` with the columns at `columns`' positions (from 1) replaced, formed once.
+///
+/// # Safety
+/// `tuple` is a valid tuple described by `desc`, and the positions are within it.
+pub unsafe fn modified(
+    tuple: pg_sys::HeapTuple,
+    desc: pg_sys::TupleDesc,
+    columns: &[(usize, Option<pg_sys::Datum>)],
+) -> pg_sys::HeapTuple {
+    let natts = unsafe { (*desc).natts } as usize;
+    let (mut values, mut nulls, mut replace) = (
+        vec![pg_sys::Datum::from(0); natts],
+        vec![false; natts],
+        vec![false; natts],
+    );
+    for &(attnum, value) in columns {
+        let i = attnum - 1;
+        values[i] = value.unwrap_or(pg_sys::Datum::from(0));
+        nulls[i] = value.is_none();
+        replace[i] = true;
+    }
+    unsafe {
+        pg_sys::heap_modify_tuple(
+            tuple,
+            desc,
+            values.as_mut_ptr(),
+            nulls.as_mut_ptr(),
+            replace.as_mut_ptr(),
+        )
     }
 }
 

@@ -119,16 +119,25 @@ fn shard_directory_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     if placement_changed {
         new.check_shards().unwrap_or_else(|e| e.raise());
     }
-    let mut tuple = tuple.into_owned();
     let [version, updated_at, updated_by] =
         row::positions(&tuple, ["version", "updated_at", "updated_by"]);
-    spi("stamp version", tuple.set_by_index(version, stamp));
-    spi("stamp updated_at", tuple.set_by_index(updated_at, now()));
-    spi(
-        "stamp updated_by",
-        tuple.set_by_index(updated_by, privilege::role_name(privilege::current_role())),
-    );
-    Ok(Some(tuple))
+    let stamps = [
+        (version.get(), stamp.into_datum()),
+        (updated_at.get(), now().into_datum()),
+        (
+            updated_by.get(),
+            privilege::role_name(privilege::current_role()).into_datum(),
+        ),
+    ];
+    // SAFETY: the trigger's tuple and its relation's descriptor, valid for the call; the stamped
+    // copy is palloc'd in the trigger's context, as the executor expects a returned row to be.
+    // One copy with three columns replaced: pgrx's `set_by_index` forms a new tuple per column.
+    Ok(Some(unsafe {
+        let desc = (*trigger.trigger_data().tg_relation).rd_att;
+        let stamped = heap::modified(tuple.into_pg(), desc, &stamps);
+        PgHeapTuple::from_heap_tuple(pgrx::PgTupleDesc::from_pg_unchecked(desc), stamped)
+            .into_owned()
+    }))
 }
 
 /// AFTER ROW: the statement's version (the first row takes it), the row stamped again if its

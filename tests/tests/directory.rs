@@ -437,6 +437,17 @@ async fn racing_writers(settings: &[(&str, &str)]) {
         .unwrap()
         .get(0);
     assert_eq!(stale, 0, "entries carry their last change's version");
+    let time_went_back: i64 = c
+        .query_one(
+            "SELECT count(*) FILTER (WHERE back) FROM ( \
+               SELECT version_at < lag(version_at) OVER (ORDER BY version) AS back \
+               FROM shard_directory.shard_directory_history WHERE version > $1) h",
+            &[&before],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(time_went_back, 0, "version_at follows version order");
     // The race was run: some statements expected a version another writer took, and stamped
     // their rows again (a second update of the row; statistics reach the view within a second
     // or so of the writers' transactions).
