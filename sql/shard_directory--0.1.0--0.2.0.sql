@@ -97,39 +97,12 @@ CREATE FUNCTION changes_since(
     since bigint, max_changes integer DEFAULT 10000,
     OUT version bigint, OUT age float8, OUT complete boolean,
     OUT entity_types text[], OUT entity_ids text[], OUT versions bigint[])
-STABLE STRICT SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-LANGUAGE plpgsql
-AS $$
-#variable_conflict use_column
--- PL/pgSQL, not SQL: its plans are kept for the session (every router's watcher calls this on
--- every change), and a STABLE function's statements share the calling query's snapshot.
--- Every read goes through an index, whatever plan the session keeps: the version row by its
--- key (the table bloats under writes), history by a range bounded on both sides (history grows
--- until purged, and a plan for an open `version > $1` expects a third of the table and scans
--- all of it), its oldest version by min().
-BEGIN
-    SELECT v.version, extract(epoch FROM now() - v.updated_at)::float8
-      INTO version, age
-      FROM shard_directory.shard_directory_version v
-     WHERE v.id;
-    complete := since >= version
-        OR ((SELECT count(*) FROM (
-                SELECT FROM shard_directory.shard_directory_history h
-                WHERE h.version > since AND h.version <= changes_since.version
-                LIMIT max_changes + 1) n) <= max_changes
-            AND coalesce((SELECT min(h.version) FROM shard_directory.shard_directory_history h)
-                         <= since + 1, false));
-    IF complete AND since < version THEN
-        SELECT array_agg(x.entity_type), array_agg(x.entity_id), array_agg(x.version)
-          INTO entity_types, entity_ids, versions
-          FROM (SELECT h.entity_type, h.entity_id, max(h.version) AS version
-                FROM shard_directory.shard_directory_history h
-                WHERE h.version > since AND h.version <= changes_since.version
-                GROUP BY h.entity_type, h.entity_id) x;
-    END IF;
-END
-$$;
+STABLE STRICT
+-- Native (src/directory/changes.rs): every router's watcher calls this on every change. It reads
+-- in the calling query's snapshot, straight through the indexes (the version row by its key,
+-- history by its version index: a range bounded on both sides, then its oldest entry), with the
+-- extension's rights over its own tables: EXECUTE (privileges.sql) is what admits a caller.
+LANGUAGE c AS 'MODULE_PATHNAME', 'changes_since_native';
 
 -- A shard's region change is checked against the entries placed on it.
 CREATE FUNCTION "shards_region_guard"()

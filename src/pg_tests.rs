@@ -368,9 +368,10 @@ mod tests {
     }
 
     /// Every router's watcher calls changes_since on every change, for the life of its session:
-    /// the plans it keeps must read history and the version row through their indexes. History
-    /// grows until purged; an earlier version scanned all of it on every call. Counted with
-    /// this transaction's own table statistics.
+    /// it must read history and the version row through their indexes. History grows until
+    /// purged; an earlier version scanned all of it on every call. Counted with this
+    /// transaction's own table statistics, over eight calls (the PL/pgSQL version it replaced
+    /// changed plans after five).
     #[pg_test]
     fn changes_since_reads_history_and_the_version_through_their_indexes() {
         setup();
@@ -388,7 +389,6 @@ mod tests {
             ))
         };
         let before = (scans("seq"), scans("idx"));
-        // Past the five custom plans: from the sixth call on, the plans kept for the session.
         for _ in 0..8 {
             assert_eq!(changes(v - 1, 10_000), format!("true|tenant:1@{v}"));
         }

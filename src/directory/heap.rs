@@ -2,6 +2,7 @@
 //! PostgreSQL writes its catalogs, and as Citus writes its metadata tables: no statement, no
 //! executor, no plan. These writes are on every directory change's path, and running them as SQL
 //! through SPI cost more than the rest of the change (a `perf` profile of `bench_directory`).
+//! `changes_since`, which every router calls on every change, reads them the same way.
 //!
 //! What SQL would have done is ours to do: every column gets a value (an identity from its
 //! sequence), the values written are ones the tables' CHECK constraints accept, the indexes are
@@ -37,6 +38,11 @@ struct Table(pg_sys::Relation);
 impl Table {
     fn open(relid: pg_sys::Oid) -> Table {
         Table(unsafe { pg_sys::table_open(relid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE) })
+    }
+
+    /// Opened for reading only (`AccessShareLock`: a standby grants no other).
+    fn open_to_read(relid: pg_sys::Oid) -> Table {
+        Table(unsafe { pg_sys::table_open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) })
     }
 
     fn relid(&self) -> pg_sys::Oid {
@@ -246,6 +252,78 @@ unsafe fn with_singleton<R>(
         let result = f(tuple);
         pg_sys::systable_endscan(scan);
         result
+    }
+}
+
+/// Columns `names` of the singleton row of `relid` as the running query's snapshot shows it.
+pub fn read_singleton<const N: usize>(
+    relid: pg_sys::Oid,
+    table_name: &'static str,
+    names: [&CStr; N],
+) -> [Option<pg_sys::Datum>; N] {
+    let table = Table::open_to_read(relid);
+    // SAFETY: the active snapshot is the query's, valid while it runs; the columns read are of
+    // types passed by value (the datums outlive the tuple).
+    unsafe {
+        with_singleton(&table, table_name, pg_sys::GetActiveSnapshot(), |tuple| {
+            names.map(|name| table.get(tuple, name))
+        })
+    }
+}
+
+/// Visits the rows of `relid` whose `column` (a `bigint`, the first column of `index`) is in
+/// `(above, up_to]`, in its order, as the running query's snapshot shows them, until `visit`
+/// returns false; with no bounds (`None`), every row. `visit` gets a row's columns by name.
+pub fn scan_bigint_range(
+    relid: pg_sys::Oid,
+    index: pg_sys::Oid,
+    column: &CStr,
+    bounds: Option<(i64, i64)>,
+    mut visit: impl FnMut(&dyn Fn(&CStr) -> Option<pg_sys::Datum>) -> bool,
+) {
+    let table = Table::open_to_read(relid);
+    let attnum = table.attnum(column);
+    // SAFETY: the scan keys, the snapshot (the query's) and each tuple live across their use.
+    unsafe {
+        let mut keys: [pg_sys::ScanKeyData; 2] = std::mem::zeroed();
+        let nkeys = match bounds {
+            Some((above, up_to)) => {
+                for (key, strategy, procedure, value) in [
+                    (0, pg_sys::BTGreaterStrategyNumber, pg_sys::F_INT8GT, above),
+                    (
+                        1,
+                        pg_sys::BTLessEqualStrategyNumber,
+                        pg_sys::F_INT8LE,
+                        up_to,
+                    ),
+                ] {
+                    pg_sys::ScanKeyInit(
+                        &mut keys[key],
+                        attnum as pg_sys::AttrNumber,
+                        strategy as pg_sys::StrategyNumber,
+                        pg_sys::Oid::from(procedure),
+                        pg_sys::Datum::from(value),
+                    );
+                }
+                2
+            }
+            None => 0,
+        };
+        let scan = pg_sys::systable_beginscan(
+            table.0,
+            index,
+            true,
+            pg_sys::GetActiveSnapshot(),
+            nkeys,
+            keys.as_mut_ptr(),
+        );
+        loop {
+            let tuple = pg_sys::systable_getnext(scan);
+            if tuple.is_null() || !visit(&|name: &CStr| table.get(tuple, name)) {
+                break;
+            }
+        }
+        pg_sys::systable_endscan(scan);
     }
 }
 

@@ -1,6 +1,7 @@
 //! Directory role: the entity -> shard mapping, its version, notification, history and the move
 //! state machine.
 
+mod changes;
 mod heap;
 mod history;
 pub(crate) mod latest;

@@ -223,13 +223,7 @@ impl Cluster {
     /// nothing, as a server behind a link that silently drops packets. Thawed (SIGCONT) when the
     /// guard drops, also when a test fails.
     pub fn freeze(&self) -> Frozen<'_> {
-        let pid = fs::read_to_string(self.root.join("data/postmaster.pid"))
-            .expect("postmaster.pid")
-            .lines()
-            .next()
-            .unwrap_or_default()
-            .trim()
-            .to_owned();
+        let pid = self.postmaster_pid().to_string();
         signal("-STOP", &pid);
         signal_children("-STOP", &pid);
         Frozen {
@@ -240,6 +234,28 @@ impl Cluster {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    fn postmaster_pid(&self) -> u32 {
+        fs::read_to_string(self.root.join("data/postmaster.pid"))
+            .expect("postmaster.pid")
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .expect("a pid on the first line of postmaster.pid")
+    }
+
+    /// CPU time (user and system) used so far by the server's processes alive now (the
+    /// postmaster's children: backends, WAL writer, ...).
+    pub fn cpu_time(&self) -> Duration {
+        let postmaster = self.postmaster_pid();
+        let children = fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| proc_stat(*pid).is_some_and(|f| f[1] == postmaster.to_string()));
+        cpu_time(children.chain([postmaster]))
     }
 
     /// libpq-style connection string (also what `psql` and the client crate take).
@@ -408,6 +424,24 @@ impl Drop for Frozen<'_> {
 
 fn signal(sig: &str, pid: &str) {
     let _ = Command::new("kill").args([sig, pid]).status();
+}
+
+/// The fields of `/proc/<pid>/stat` after the command name: state, ppid, ...
+fn proc_stat(pid: u32) -> Option<Vec<String>> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_name = &stat[stat.rfind(')')? + 2..];
+    Some(after_name.split(' ').map(str::to_owned).collect())
+}
+
+/// CPU time (user and system, all threads) used so far by the processes `pids` that are alive.
+pub fn cpu_time(pids: impl IntoIterator<Item = u32>) -> Duration {
+    // utime and stime, in clock ticks of 1/100 s (USER_HZ on Linux).
+    let ticks: u64 = pids
+        .into_iter()
+        .filter_map(proc_stat)
+        .map(|f| f[11].parse::<u64>().unwrap_or(0) + f[12].parse::<u64>().unwrap_or(0))
+        .sum();
+    Duration::from_millis(ticks * 10)
 }
 
 fn signal_children(sig: &str, parent: &str) {

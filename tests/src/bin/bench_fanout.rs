@@ -9,7 +9,9 @@
 //! Side by side, the same N as bare connections that only `LISTEN` and take the version from the
 //! payload: the floor of any push design on this machine (PostgreSQL wakes every listener's
 //! backend, each sends its notification). A client trusts no payload (anyone may NOTIFY), so
-//! it reads `changes_since` after hearing one: the ratio is what that read costs.
+//! it reads `changes_since` after hearing one: the ratio is what that read costs. Both runs also
+//! report the CPU time each change took, in the instances' processes and in the server: on a
+//! machine with few cores, that is what bounds the latency.
 //!
 //! Run with `bash scripts/bench.sh fanout` (`BENCH_INSTANCES`, e.g. `1,16`, picks the sizes).
 
@@ -21,7 +23,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::StreamExt;
 use shard_directory_client::{Directory, DirectoryConfig};
-use shard_directory_e2e::{bench_directory, results_dir, setting, sizes, Cluster};
+use shard_directory_e2e::{bench_directory, cpu_time, results_dir, setting, sizes, Cluster};
 
 const PROCESSES: usize = 4;
 
@@ -120,9 +122,15 @@ impl Drop for Workers {
     }
 }
 
+/// CPU time per change, in ms: the instances' processes, the server's.
+struct Cpu {
+    instances: f64,
+    server: f64,
+}
+
 /// Runs `changes` changes against `n` instances; returns, per change, every instance's latency
-/// in ms.
-async fn run(cluster: &Cluster, kind: Kind, n: usize, changes: usize) -> Vec<Vec<f64>> {
+/// in ms, and the CPU time the changes took.
+async fn run(cluster: &Cluster, kind: Kind, n: usize, changes: usize) -> (Vec<Vec<f64>>, Cpu) {
     let (tx, rx) = mpsc::channel::<(usize, i64, u128)>();
     let mut workers = Workers(Vec::new());
     let processes = PROCESSES.min(n);
@@ -175,6 +183,8 @@ async fn run(cluster: &Cluster, kind: Kind, n: usize, changes: usize) -> Vec<Vec
         .prepare("SELECT shard_directory.current_version()")
         .await
         .unwrap();
+    let pids: Vec<u32> = workers.0.iter().map(Child::id).collect();
+    let before = (cpu_time(pids.clone()), cluster.cpu_time());
     let mut per_change = Vec::new();
     for k in 0..changes {
         let started = unix_ns();
@@ -194,7 +204,12 @@ async fn run(cluster: &Cluster, kind: Kind, n: usize, changes: usize) -> Vec<Vec
         }
         per_change.push(seen.into_values().collect());
     }
-    per_change
+    let per = |used: Duration| used.as_secs_f64() * 1e3 / changes as f64;
+    let cpu = Cpu {
+        instances: per(cpu_time(pids) - before.0),
+        server: per(cluster.cpu_time() - before.1),
+    };
+    (per_change, cpu)
 }
 
 #[tokio::main]
@@ -225,14 +240,23 @@ async fn main() {
     println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut csv = String::from("instances,change,latency_ms\n");
     let mut series = Vec::new();
+    let mut cpu_rows = Vec::new();
     for n in sizes {
-        let mut floor: Vec<f64> = run(&cluster, Kind::Listen, n, changes)
-            .await
+        let (floor, floor_cpu) = run(&cluster, Kind::Listen, n, changes).await;
+        let mut floor: Vec<f64> = floor
             .iter()
             .map(|c| c.iter().copied().fold(0.0, f64::max))
             .collect();
         floor.sort_by(f64::total_cmp);
-        let per_change = run(&cluster, Kind::Client, n, changes).await;
+        let (per_change, cpu) = run(&cluster, Kind::Client, n, changes).await;
+        cpu_rows.push(format!(
+            "| {n} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}x |",
+            floor_cpu.instances,
+            floor_cpu.server,
+            cpu.instances,
+            cpu.server,
+            (cpu.instances + cpu.server) / (floor_cpu.instances + floor_cpu.server),
+        ));
         let mut last: Vec<f64> = per_change
             .iter()
             .map(|c| c.iter().copied().fold(0.0, f64::max))
@@ -258,6 +282,19 @@ async fn main() {
             quantile(&last, 0.99) / quantile(&floor, 0.99),
         );
         series.push((n, last));
+    }
+    println!(
+        "\nCPU time per change, ms (user and system; {} cores: a change that takes more CPU than \
+         cores x latency cannot be done in that latency)",
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    println!(
+        "| instances | LISTEN only: listeners | server | this client: instances | server | \
+         total / LISTEN only |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for row in cpu_rows {
+        println!("{row}");
     }
     let dir = results_dir();
     std::fs::write(dir.join("fanout.csv"), csv).unwrap();
