@@ -1,6 +1,6 @@
 //! The directory role seen from real client connections: notification at commit only, the
 //! version order of concurrent writers, refused steps as a client sees them, `placement_at`
-//! across transactions.
+//! across transactions, `changes_since` in the caller's snapshot.
 
 use std::time::Duration;
 
@@ -581,4 +581,50 @@ async fn placement_at_follows_commit_order_not_transaction_start() {
     );
     assert_eq!(current, "shard_1");
     assert_eq!(placement.as_deref(), Some("shard_1"));
+}
+
+/// What `changes_since(since)` answers: the version, whether it is complete, the ids changed.
+async fn changes(c: &Client, since: i64) -> (i64, bool, Vec<String>) {
+    let r = c
+        .query_one(
+            "SELECT version, complete, coalesce(entity_ids, '{}') \
+             FROM shard_directory.changes_since($1)",
+            &[&since],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1), r.get(2))
+}
+
+/// `changes_since` answers from the snapshot of the query that calls it: a transaction that
+/// reads twice (REPEATABLE READ) gets the same answer while another commits a change in
+/// between, and then the version and the keys changed up to it agree. A router relies on the
+/// pair: it stamps every cached entry not listed with the version returned.
+#[tokio::test]
+async fn changes_since_answers_from_the_calling_querys_snapshot() {
+    let (cluster, c) = directory().await;
+    let since = version(&c).await;
+    c.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .await
+        .unwrap();
+    let nothing = (since, true, vec![]);
+    assert_eq!(changes(&c, since).await, nothing);
+    let other = cluster.connect("directory").await;
+    other
+        .batch_execute(
+            "UPDATE shard_directory.shard_directory SET region = 'eu' WHERE entity_id = '7'",
+        )
+        .await
+        .unwrap();
+    assert_eq!(version(&other).await, since + 1);
+    assert_eq!(
+        changes(&c, since).await,
+        nothing,
+        "the transaction's snapshot, not the latest commit"
+    );
+    c.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(
+        changes(&c, since).await,
+        (since + 1, true, vec!["7".to_owned()])
+    );
 }
