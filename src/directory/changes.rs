@@ -35,10 +35,11 @@ pub unsafe extern "C-unwind" fn changes_since_native(
 }
 
 /// The entries changed in `(since, version]` and the latest version that changed each; `None`
-/// when more than `max_changes` history rows are in that range.
+/// when more than `max_changes` history rows are in that range, or a row cannot be read (its
+/// NOT NULL columns are never NULL: the caller then forgets everything rather than skip a key).
 fn changed(since: i64, version: i64, max_changes: i32) -> Option<HashMap<(String, String), i64>> {
     let mut rows = 0;
-    let mut changed = HashMap::new();
+    let mut changed = Some(HashMap::new());
     heap::scan_bigint_range(
         catalog::relation(c"shard_directory_history"),
         catalog::relation(c"shard_directory_history_version_idx"),
@@ -46,22 +47,24 @@ fn changed(since: i64, version: i64, max_changes: i32) -> Option<HashMap<(String
         Some((since, version)),
         |get| {
             rows += 1;
-            if rows > i64::from(max_changes) {
-                return false;
-            }
             let text = |name| unsafe { get(name).and_then(|d| String::from_datum(d, false)) };
             let at = unsafe { get(c"version").and_then(|d| i64::from_datum(d, false)) };
-            let (Some(entity_type), Some(entity_id), Some(at)) =
-                (text(c"entity_type"), text(c"entity_id"), at)
-            else {
-                return true; // NOT NULL columns: never
+            let (Some(map), Some(entity_type), Some(entity_id), Some(at), true) = (
+                changed.as_mut(),
+                text(c"entity_type"),
+                text(c"entity_id"),
+                at,
+                rows <= i64::from(max_changes),
+            ) else {
+                changed = None;
+                return false;
             };
-            let latest = changed.entry((entity_type, entity_id)).or_insert(at);
+            let latest = map.entry((entity_type, entity_id)).or_insert(at);
             *latest = (*latest).max(at);
             true
         },
     );
-    (rows <= i64::from(max_changes)).then_some(changed)
+    changed
 }
 
 /// The oldest version history still holds (`purge_history` removes the oldest first).
@@ -123,7 +126,7 @@ unsafe fn changes_since(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
             keys.2.into_datum(),
         )
     };
-    let mut values = [
+    let values = [
         version.into_datum(),
         age.into_datum(),
         complete.into_datum(),
@@ -147,10 +150,7 @@ unsafe fn changes_since(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
         }
         let desc = pg_sys::BlessTupleDesc(desc);
         let mut nulls = values.map(|v| v.is_none());
-        let mut datums = values
-            .iter_mut()
-            .map(|v| v.unwrap_or(pg_sys::Datum::from(0)))
-            .collect::<Vec<_>>();
+        let mut datums = values.map(|v| v.unwrap_or(pg_sys::Datum::from(0)));
         let tuple = pg_sys::heap_form_tuple(desc, datums.as_mut_ptr(), nulls.as_mut_ptr());
         pg_sys::HeapTupleHeaderGetDatum((*tuple).t_data)
     }

@@ -245,17 +245,22 @@ impl Cluster {
             .expect("a pid on the first line of postmaster.pid")
     }
 
-    /// CPU time (user and system) used so far by the server's processes alive now (the
-    /// postmaster's children: backends, WAL writer, ...).
-    pub fn cpu_time(&self) -> Duration {
-        let postmaster = self.postmaster_pid();
-        let children = fs::read_dir("/proc")
+    /// CPU time (user and system) used so far by each of the server's processes alive now (the
+    /// postmaster and its children: backends, WAL writer, ...).
+    pub fn cpu_times(&self) -> CpuTimes {
+        let postmaster = self.postmaster_pid().to_string();
+        let pids = fs::read_dir("/proc")
             .into_iter()
             .flatten()
             .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|pid| proc_stat(*pid).is_some_and(|f| f[1] == postmaster.to_string()));
-        cpu_time(children.chain([postmaster]))
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok());
+        CpuTimes(
+            pids.filter_map(|pid| {
+                let f = proc_stat(pid)?;
+                (pid.to_string() == postmaster || f[1] == postmaster).then(|| (pid, ticks(&f)))
+            })
+            .collect(),
+        )
     }
 
     /// libpq-style connection string (also what `psql` and the client crate take).
@@ -433,15 +438,34 @@ fn proc_stat(pid: u32) -> Option<Vec<String>> {
     Some(after_name.split(' ').map(str::to_owned).collect())
 }
 
-/// CPU time (user and system, all threads) used so far by the processes `pids` that are alive.
-pub fn cpu_time(pids: impl IntoIterator<Item = u32>) -> Duration {
-    // utime and stime, in clock ticks of 1/100 s (USER_HZ on Linux).
-    let ticks: u64 = pids
-        .into_iter()
-        .filter_map(proc_stat)
-        .map(|f| f[11].parse::<u64>().unwrap_or(0) + f[12].parse::<u64>().unwrap_or(0))
-        .sum();
-    Duration::from_millis(ticks * 10)
+/// utime and stime of a `/proc/<pid>/stat`, in clock ticks of 1/100 s (USER_HZ on Linux).
+fn ticks(stat: &[String]) -> u64 {
+    stat[11].parse::<u64>().unwrap_or(0) + stat[12].parse::<u64>().unwrap_or(0)
+}
+
+/// CPU time (user and system, all threads) each process had used when read.
+pub struct CpuTimes(std::collections::HashMap<u32, u64>);
+
+impl CpuTimes {
+    /// Of the processes `pids` that are alive.
+    pub fn of(pids: impl IntoIterator<Item = u32>) -> CpuTimes {
+        CpuTimes(
+            pids.into_iter()
+                .filter_map(|pid| Some((pid, ticks(&proc_stat(pid)?))))
+                .collect(),
+        )
+    }
+
+    /// The CPU time used between `before` and these readings, process by process: a process
+    /// that ended meanwhile is left out, one that started is counted whole.
+    pub fn since(&self, before: &CpuTimes) -> Duration {
+        let ticks: u64 = self
+            .0
+            .iter()
+            .map(|(pid, now)| now.saturating_sub(before.0.get(pid).copied().unwrap_or(0)))
+            .sum();
+        Duration::from_millis(ticks * 10)
+    }
 }
 
 fn signal_children(sig: &str, parent: &str) {

@@ -12,7 +12,7 @@ pub mod topology;
 mod wait;
 pub mod workload;
 
-pub use cluster::{cpu_time, Cluster, Frozen, Listener};
+pub use cluster::{Cluster, CpuTimes, Frozen, Listener};
 pub use topology::{reaches, Topology};
 pub use wait::{backend_pid, blocked_on, eventually, within, ANY_LOCK};
 

@@ -23,7 +23,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::StreamExt;
 use shard_directory_client::{Directory, DirectoryConfig};
-use shard_directory_e2e::{bench_directory, cpu_time, results_dir, setting, sizes, Cluster};
+use shard_directory_e2e::{bench_directory, results_dir, setting, sizes, Cluster, CpuTimes};
 
 const PROCESSES: usize = 4;
 
@@ -184,7 +184,7 @@ async fn run(cluster: &Cluster, kind: Kind, n: usize, changes: usize) -> (Vec<Ve
         .await
         .unwrap();
     let pids: Vec<u32> = workers.0.iter().map(Child::id).collect();
-    let before = (cpu_time(pids.clone()), cluster.cpu_time());
+    let before = (CpuTimes::of(pids.clone()), cluster.cpu_times());
     let mut per_change = Vec::new();
     for k in 0..changes {
         let started = unix_ns();
@@ -206,8 +206,8 @@ async fn run(cluster: &Cluster, kind: Kind, n: usize, changes: usize) -> (Vec<Ve
     }
     let per = |used: Duration| used.as_secs_f64() * 1e3 / changes as f64;
     let cpu = Cpu {
-        instances: per(cpu_time(pids) - before.0),
-        server: per(cluster.cpu_time() - before.1),
+        instances: per(CpuTimes::of(pids).since(&before.0)),
+        server: per(cluster.cpu_times().since(&before.1)),
     };
     (per_change, cpu)
 }
