@@ -30,12 +30,14 @@ CREATE TABLE shard_directory (
 CREATE INDEX shard_directory_shard_idx ON shard_directory (shard_name)
   WHERE state <> 'active';
 
--- One global version, bumped once by every statement that changes the directory.
+-- One global version, bumped once by every statement that changes the directory. Its page
+-- keeps each version of the row until pruned, and every read walks them: a low fillfactor has
+-- the page pruned after a few dozen updates instead of a few hundred.
 CREATE TABLE shard_directory_version (
     id          bool PRIMARY KEY DEFAULT true CHECK (id),
     version     bigint NOT NULL,
     updated_at  timestamptz NOT NULL DEFAULT now()
-);
+) WITH (fillfactor = 10);
 INSERT INTO shard_directory_version (version) VALUES (0);
 
 -- Append-only: one row per inserted, updated or deleted entry.
@@ -81,9 +83,10 @@ CREATE FUNCTION changes_since(
     OUT entity_types text[], OUT entity_ids text[], OUT versions bigint[])
 STABLE STRICT
 -- Native (src/directory/changes.rs): every router's watcher calls this on every change. It reads
--- in the calling query's snapshot, straight through the indexes (the version row by its key,
--- history by its version index: a range bounded on both sides, then its oldest entry), with the
--- extension's rights over its own tables: EXECUTE (privileges.sql) is what admits a caller.
+-- in the calling query's snapshot, with no statement (the version row where the last bump wrote
+-- it, else by its key; history by its version index: a range bounded on both sides, then its
+-- oldest entry), with the extension's rights over its own tables: EXECUTE (privileges.sql) is
+-- what admits a caller.
 LANGUAGE c AS 'MODULE_PATHNAME', 'changes_since_native';
 
 -- One row per move made by the mover (crate shard-directory-mover): where it stands, what it

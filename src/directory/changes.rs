@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use super::heap;
+use super::{heap, latest};
 use crate::catalog;
 use crate::error::SdError;
 
@@ -93,6 +93,7 @@ unsafe fn changes_since(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
     let [version, updated_at] = heap::read_singleton(
         catalog::relation(c"shard_directory_version"),
         table,
+        latest::row(),
         [c"version", c"updated_at"],
     )
     .map(|d| d.and_then(|d| unsafe { i64::from_datum(d, false) }));

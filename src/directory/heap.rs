@@ -223,19 +223,39 @@ pub fn insert(relid: pg_sys::Oid, columns: &[Column<'_>]) {
     }
 }
 
-/// Reads the singleton row of `relid` through its primary key under `snapshot`: the row's page
-/// moves when the table bloats (a one-row table updated by every change does, whenever pruning
-/// falls behind), and a scan of the heap would read every page of it.
+/// Reads the singleton row of `relid` under `snapshot`: at `hint`, where the newest version of
+/// it was written, when a tuple there is visible (the table holds one row, so a visible tuple is
+/// it); otherwise through its primary key. The row's page moves when the table bloats (a one-row
+/// table updated by every change does, whenever pruning falls behind), and a scan of the heap
+/// would read every page of it; the key finds the row's chain of versions, walked from its
+/// oldest, which `hint` skips.
 ///
 /// # Safety
-/// `snapshot` must be valid for the scan; `f` gets the scan's tuple, valid only during the call.
+/// `snapshot` must be valid for the read; `f` gets the row's tuple, valid only during the call.
 unsafe fn with_singleton<R>(
     table: &Table,
     table_name: &'static str,
     snapshot: pg_sys::Snapshot,
+    hint: Option<pg_sys::ItemPointerData>,
     f: impl FnOnce(pg_sys::HeapTuple) -> R,
 ) -> R {
     unsafe {
+        if let Some(tid) = hint {
+            let block = (u32::from(tid.ip_blkid.bi_hi) << 16) | u32::from(tid.ip_blkid.bi_lo);
+            // A block past the end (the table made anew, or truncated) cannot be read.
+            let blocks =
+                pg_sys::RelationGetNumberOfBlocksInFork(table.0, pg_sys::ForkNumber::MAIN_FORKNUM);
+            let mut tuple: pg_sys::HeapTupleData = std::mem::zeroed();
+            tuple.t_self = tid;
+            let mut buffer = pg_sys::InvalidBuffer as pg_sys::Buffer;
+            if block < blocks
+                && pg_sys::heap_fetch(table.0, snapshot, &mut tuple, &mut buffer, false)
+            {
+                let result = f(&mut tuple);
+                pg_sys::ReleaseBuffer(buffer);
+                return result;
+            }
+        }
         let scan = pg_sys::systable_beginscan(
             table.0,
             pg_sys::RelationGetPrimaryKeyIndex(table.0),
@@ -259,15 +279,20 @@ unsafe fn with_singleton<R>(
 pub fn read_singleton<const N: usize>(
     relid: pg_sys::Oid,
     table_name: &'static str,
+    hint: Option<pg_sys::ItemPointerData>,
     names: [&CStr; N],
 ) -> [Option<pg_sys::Datum>; N] {
     let table = Table::open_to_read(relid);
     // SAFETY: the active snapshot is the query's, valid while it runs; the columns read are of
     // types passed by value (the datums outlive the tuple).
     unsafe {
-        with_singleton(&table, table_name, pg_sys::GetActiveSnapshot(), |tuple| {
-            names.map(|name| table.get(tuple, name))
-        })
+        with_singleton(
+            &table,
+            table_name,
+            pg_sys::GetActiveSnapshot(),
+            hint,
+            |tuple| names.map(|name| table.get(tuple, name)),
+        )
     }
 }
 
@@ -341,7 +366,7 @@ pub fn peek_singleton(
     unsafe {
         let mut dirty: pg_sys::SnapshotData = std::mem::zeroed();
         dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
-        let value = with_singleton(&table, table_name, &mut dirty, |tuple| {
+        let value = with_singleton(&table, table_name, &mut dirty, None, |tuple| {
             table.get(tuple, name)
         });
         (value, dirty.xmax != pg_sys::InvalidTransactionId)
@@ -349,14 +374,16 @@ pub fn peek_singleton(
 }
 
 /// The singleton row of `relid` as the latest committed state plus this transaction's own
-/// changes shows it, handed to `change`, which returns the columns to replace; the row is
-/// rewritten with them. The caller holds the lock every writer of this row takes, so no other
-/// transaction can be changing it: the row read is the one to update.
+/// changes shows it (looked for at `hint` first), handed to `change`, which returns the columns
+/// to replace; the row is rewritten with them. The caller holds the lock every writer of this
+/// row takes, so no other transaction can be changing it: the row read is the one to update.
+/// Returns `change`'s result and where the row was written.
 pub fn update_singleton<R>(
     relid: pg_sys::Oid,
     table_name: &'static str,
+    hint: Option<pg_sys::ItemPointerData>,
     change: impl FnOnce(&dyn Fn(&CStr) -> Option<pg_sys::Datum>) -> (Vec<Column<'static>>, R),
-) -> R {
+) -> (R, pg_sys::ItemPointerData) {
     let table = Table::open(relid);
     // SAFETY: the tuple and its modified copy are used while the scan and the relation are
     // open; SnapshotSelf is a static of PostgreSQL's.
@@ -365,6 +392,7 @@ pub fn update_singleton<R>(
             &table,
             table_name,
             &raw mut pg_sys::SnapshotSelfData,
+            hint,
             |tuple| {
                 let (columns, result) = change(&|name: &CStr| table.get(tuple, name));
                 let new = table.modify(tuple, &columns);
@@ -372,7 +400,7 @@ pub fn update_singleton<R>(
                 pg_sys::CatalogTupleUpdateWithInfo(table.0, &mut (*tuple).t_self, new, indexes.0);
                 // Later statements of this transaction see the new row, as after an UPDATE.
                 pg_sys::CommandCounterIncrement();
-                result
+                (result, (*new).t_self)
             },
         )
     }

@@ -3,8 +3,13 @@
 //! reading the version row (a scan that was 4% of a one-entry change's time under `perf`). A hint
 //! only: a wrong one (a bump rolled back, the extension made anew, the library not preloaded:
 //! then the row is read) costs rows stamped again, never a wrong stamp.
+//!
+//! Next to it, where the bump left the version row: the row's page holds every version of it
+//! since the page was last pruned, and a read through the primary key walks them all from the
+//! oldest. A wrong place (the bump rolled back, the row moved) is never a wrong row: the table
+//! holds one row, so a tuple there that the reader can see is it; otherwise the key is used.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering::Relaxed};
 
 use pgrx::prelude::*;
 use pgrx::shmem::PGRXSharedMemory;
@@ -17,6 +22,8 @@ const SLOTS: usize = 16;
 struct Slot {
     database: AtomicU32,
     version: AtomicI64,
+    /// The version row's place, packed by [`pack`]; 0 when not known.
+    row: AtomicU64,
 }
 
 #[derive(Default)]
@@ -54,9 +61,41 @@ pub fn get() -> Option<i64> {
     slot().map(|s| s.version.load(Relaxed)).filter(|v| *v > 0)
 }
 
+/// Where the newest version row of this database was written, when known.
+pub fn row() -> Option<pg_sys::ItemPointerData> {
+    slot().and_then(|s| unpack(s.row.load(Relaxed)))
+}
+
 /// Records a bump; called under the version lock.
 pub fn set(version: i64) {
     if let Some(s) = slot() {
         s.version.store(version, Relaxed);
     }
+}
+
+/// Records where a bump wrote the version row; called under the version lock.
+pub fn set_row(row: pg_sys::ItemPointerData) {
+    if let Some(s) = slot() {
+        s.row.store(pack(row), Relaxed);
+    }
+}
+
+fn pack(tid: pg_sys::ItemPointerData) -> u64 {
+    let block = (u64::from(tid.ip_blkid.bi_hi) << 16) | u64::from(tid.ip_blkid.bi_lo);
+    (block << 16) | u64::from(tid.ip_posid)
+}
+
+/// Offset 0 is no tuple's: a slot never written unpacks to `None`.
+fn unpack(packed: u64) -> Option<pg_sys::ItemPointerData> {
+    let posid = (packed & 0xffff) as u16;
+    (posid != 0).then(|| {
+        let block = packed >> 16;
+        pg_sys::ItemPointerData {
+            ip_blkid: pg_sys::BlockIdData {
+                bi_hi: (block >> 16) as u16,
+                bi_lo: (block & 0xffff) as u16,
+            },
+            ip_posid: posid,
+        }
+    })
 }

@@ -227,7 +227,8 @@ fn predict() -> i64 {
 
 fn bump() -> Bump {
     let relid = lock_versions();
-    let bump = heap::update_singleton(relid, "shard_directory_version", |read| {
+    let hint = latest::row();
+    let (bump, row) = heap::update_singleton(relid, "shard_directory_version", hint, |read| {
         let get = |name| unsafe { read(name).and_then(|d| i64::from_datum(d, false)) };
         let (Some(version), Some(at)) = (get(c"version"), get(c"updated_at")) else {
             SdError::SingletonMissing {
@@ -248,6 +249,7 @@ fn bump() -> Bump {
         (columns, bump)
     });
     latest::set(bump.version);
+    latest::set_row(row);
     bump
 }
 

@@ -32,8 +32,32 @@ fn own_table(trigger: &PgTrigger<'_>, function: &'static str, table: &'static CS
     unsafe { (*relation).rd_id }
 }
 
-fn version_of<A: pgrx::WhoAllocated>(t: &PgHeapTuple<'_, A>) -> i64 {
-    spi("version", t.get_by_name::<i64>("version")).unwrap_or(0)
+/// The `version` of `row`, a row of the trigger's table (0 when NULL).
+fn version_of(trigger: &PgTrigger<'_>, row: pg_sys::HeapTuple) -> i64 {
+    let desc = desc(trigger);
+    let [at] = row::positions(desc, [c"version"]);
+    let mut is_null = false;
+    // SAFETY: `row` is one of the trigger's rows, which `desc` describes.
+    let datum = unsafe { pg_sys::heap_getattr(row, at as i32, desc, &mut is_null) };
+    unsafe { i64::from_datum(datum, is_null) }.unwrap_or(0)
+}
+
+/// The row as it was and as it is written, as PostgreSQL hands them to a row trigger (none to a
+/// statement trigger).
+fn rows(trigger: &PgTrigger<'_>) -> (Option<pg_sys::HeapTuple>, Option<pg_sys::HeapTuple>) {
+    let data = trigger.trigger_data();
+    let row = |t: pg_sys::HeapTuple| (!t.is_null()).then_some(t);
+    match op(trigger) {
+        PgTriggerOperation::Insert => (None, row(data.tg_trigtuple)),
+        PgTriggerOperation::Update => (row(data.tg_trigtuple), row(data.tg_newtuple)),
+        PgTriggerOperation::Delete => (row(data.tg_trigtuple), None),
+        PgTriggerOperation::Truncate => (None, None),
+    }
+}
+
+/// The descriptor of the trigger's table.
+fn desc(trigger: &PgTrigger<'_>) -> pg_sys::TupleDesc {
+    unsafe { (*trigger.trigger_data().tg_relation).rd_att }
 }
 
 /// The transition a row change makes, or the error that refuses it. Called before the write
@@ -41,8 +65,10 @@ fn version_of<A: pgrx::WhoAllocated>(t: &PgHeapTuple<'_, A>) -> i64 {
 fn classify(
     trigger: &PgTrigger<'_>,
 ) -> Result<(Option<Entry>, Option<Entry>, Transition), SdError> {
-    let old = trigger.old().map(|t| Entry::read(&t));
-    let new = trigger.new().map(|t| Entry::read(&t));
+    let (old, new) = rows(trigger);
+    // SAFETY: the trigger's rows, described by its relation's descriptor, valid for the call.
+    let read = |t| unsafe { Entry::read(t, desc(trigger)) };
+    let (old, new) = (old.map(read), new.map(read));
     let transition = match (&old, &new) {
         (None, Some(n)) => transition::check_insert(&n.key, &n.placement)?,
         (Some(o), None) => transition::check_delete(&o.key, &o.placement)?,
@@ -98,9 +124,13 @@ fn restore(new: &Entry, version: i64) {
 fn shard_directory_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     let relid = own_table(trigger, "shard_directory_guard", c"shard_directory");
     if let (PgTriggerOperation::Insert, Some(tuple)) = (op(trigger), trigger.new()) {
-        let version = version_of(&tuple);
+        let version = rows(trigger).1.map_or(0, |row| version_of(trigger, row));
         if version > 0 && privilege::current_role_owns(relid) {
-            restore(&Entry::read(&tuple), version);
+            // SAFETY: the trigger's row, described by its relation's descriptor.
+            restore(
+                &unsafe { Entry::read(trigger.trigger_data().tg_trigtuple, desc(trigger)) },
+                version,
+            );
             return Ok(Some(tuple.into_owned()));
         }
     }
@@ -120,12 +150,12 @@ fn shard_directory_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
         new.check_shards().unwrap_or_else(|e| e.raise());
     }
     let [version, updated_at, updated_by] =
-        row::positions(&tuple, ["version", "updated_at", "updated_by"]);
+        row::positions(desc(trigger), [c"version", c"updated_at", c"updated_by"]);
     let stamps = [
-        (version.get(), stamp.into_datum()),
-        (updated_at.get(), now().into_datum()),
+        (version, stamp.into_datum()),
+        (updated_at, now().into_datum()),
         (
-            updated_by.get(),
+            updated_by,
             privilege::role_name(privilege::current_role()).into_datum(),
         ),
     ];
@@ -150,9 +180,9 @@ fn shard_directory_record_history<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResu
         c"shard_directory",
     );
     let operation = op(trigger);
-    if let (PgTriggerOperation::Insert, Some(tuple)) = (&operation, trigger.new()) {
+    if let (PgTriggerOperation::Insert, (_, Some(row))) = (&operation, rows(trigger)) {
         // An insert the statement did not stamp is a restored entry: its history is restored too.
-        if !statement::stamped_with(version_of(&tuple)) {
+        if !statement::stamped_with(version_of(trigger, row)) {
             return Ok(None);
         }
     }
@@ -161,22 +191,16 @@ fn shard_directory_record_history<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResu
         return Ok(None);
     }
     let bump = statement::current();
-    if trigger
-        .new()
-        .is_some_and(|t| version_of(&t) != bump.version)
-    {
-        let data = trigger.trigger_data();
-        let written = match operation {
-            PgTriggerOperation::Update => data.tg_newtuple,
-            _ => data.tg_trigtuple,
-        };
-        // SAFETY: the trigger's tuple is valid for the call; its t_self is where it was written.
-        let tid = unsafe { (*written).t_self };
-        heap::rewrite_own_row(
-            data.tg_relation,
-            tid,
-            &[(c"version", bump.version.into_datum())],
-        );
+    if let (_, Some(written)) = rows(trigger) {
+        if version_of(trigger, written) != bump.version {
+            // SAFETY: the trigger's row is valid for the call; its t_self is where it was written.
+            let tid = unsafe { (*written).t_self };
+            heap::rewrite_own_row(
+                trigger.trigger_data().tg_relation,
+                tid,
+                &[(c"version", bump.version.into_datum())],
+            );
+        }
     }
     history::record(
         old.as_ref(),
@@ -227,8 +251,8 @@ fn shard_directory_version_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResul
             // Any update of the row (a DBA's by hand too) is ordered with the bumps.
             statement::lock_versions();
             let (from, to) = (
-                trigger.old().map_or(0, |t| version_of(&t)),
-                trigger.new().map_or(0, |t| version_of(&t)),
+                rows(trigger).0.map_or(0, |row| version_of(trigger, row)),
+                rows(trigger).1.map_or(0, |row| version_of(trigger, row)),
             );
             let allowed = to == from + 1 || (writer::writing(Writer::Restore) && to >= from);
             if !allowed {
@@ -237,10 +261,11 @@ fn shard_directory_version_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResul
             Ok(trigger.new().map(PgHeapTuple::into_owned))
         }
         PgTriggerOperation::Insert if privilege::current_role_owns(relid) => {
-            let new = trigger.new();
             statement::raise_to(
-                new.as_ref().map_or(0, version_of),
-                new.and_then(|t| spi("updated_at", t.get_by_name("updated_at"))),
+                rows(trigger).1.map_or(0, |row| version_of(trigger, row)),
+                trigger
+                    .new()
+                    .and_then(|t| spi("updated_at", t.get_by_name("updated_at"))),
             );
             Ok(None)
         }

@@ -1,6 +1,6 @@
 //! Upgrades: `ALTER EXTENSION shard_directory UPDATE` from 0.1.0 (the first release) leaves the
 //! same objects as a fresh install of the current version: the same members, columns, defaults,
-//! constraints, indexes, triggers, functions and privileges.
+//! constraints, indexes, triggers, functions, privileges and storage options.
 
 use shard_directory_e2e::Cluster;
 use tokio_postgres::Client;
@@ -32,7 +32,8 @@ SELECT line FROM (
   SELECT 'trigger ' || pg_get_triggerdef(t.oid) FROM rel r JOIN pg_trigger t ON t.tgrelid = r.oid
    WHERE NOT t.tgisinternal
   UNION ALL
-  SELECT format('acl %s %s', r.relname, c.relacl) FROM rel r JOIN pg_class c ON c.oid = r.oid
+  SELECT format('relation %s acl %s options %s', r.relname, c.relacl, c.reloptions)
+    FROM rel r JOIN pg_class c ON c.oid = r.oid
   UNION ALL
   SELECT format('function %s returns %s volatile %s parallel %s strict %s secdef %s config %s acl %s body %s',
                 p.oid::regprocedure, pg_get_function_result(p.oid), p.provolatile, p.proparallel,
