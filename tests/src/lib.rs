@@ -16,13 +16,18 @@ pub use cluster::{Cluster, CpuTimes, Frozen, Listener};
 pub use topology::{reaches, Topology};
 pub use wait::{backend_pid, blocked_on, eventually, within, ANY_LOCK};
 
-/// A benchmark's directory: a throwaway cluster with `settings`, database `bench` with the
-/// extension and one shard registered (`shard_1`, no cluster behind it), and a DBA's connection.
+/// A benchmark's directory: a throwaway cluster with the library preloaded (as README recommends
+/// for a directory) and `settings`, database `bench` with the extension and one shard
+/// registered (`shard_1`, no cluster behind it), and a DBA's connection.
 pub async fn bench_directory(
     name: &str,
     settings: &[(&str, &str)],
 ) -> (Cluster, tokio_postgres::Client) {
-    let cluster = Cluster::start(name, settings);
+    let settings: Vec<_> = [("shared_preload_libraries", "shard_directory")]
+        .into_iter()
+        .chain(settings.iter().copied())
+        .collect();
+    let cluster = Cluster::start(name, &settings);
     cluster.create_database_with_extension("bench").await;
     let dba = cluster.connect("bench").await;
     dba.batch_execute("INSERT INTO shard_directory.shards (shard_name) VALUES ('shard_1')")
