@@ -28,5 +28,10 @@ cargo build -p shard-directory-mover --bin shard-directory
 cargo test -p shard-directory-e2e -p shard-directory-client -p shard-directory-mover \
   -- --show-output 2>&1 | tee -a "$log"
 
+# The loom model of the client cache's invariant (client/src/cache.rs, `loom_model`): a build of
+# its own (the cfg swaps the cache's atomics and map for loom's), kept apart from target/.
+RUSTFLAGS="--cfg sd_loom" CARGO_TARGET_DIR=target/loom \
+  cargo test -p shard-directory-client --lib --release loom 2>&1 | tee -a "$log"
+
 # One closing line for the whole run (#[pg_test]s, unit, end-to-end, pg_regress and doc tests).
 awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed\n", p, f }' "$log"

@@ -47,6 +47,7 @@ macro_rules! connector_of {
 mod backoff;
 mod cache;
 mod cache_key;
+mod cache_map;
 #[cfg(feature = "debug-http")]
 pub mod debug_http;
 mod directory;
