@@ -632,3 +632,42 @@ async fn changes_since_answers_from_the_calling_querys_snapshot() {
         );
     }
 }
+
+/// The version row is updated by every change, and its page keeps each version until pruned.
+/// PostgreSQL prunes a page when a read finds it filling up; the extension reads the row where
+/// the last bump wrote it, and must prune as it reads, or the table grows by a page every few
+/// dozen changes until autovacuum comes (off here, on the table). Either way, with the library
+/// preloaded and without.
+#[tokio::test]
+async fn the_version_table_stays_one_page_under_a_thousand_changes() {
+    for settings in EITHER {
+        let (_cluster, c) = directory_with(settings).await;
+        c.batch_execute(
+            "ALTER TABLE shard_directory.shard_directory_version SET (autovacuum_enabled = false)",
+        )
+        .await
+        .unwrap();
+        let before = version(&c).await;
+        for _ in 0..1000 {
+            c.batch_execute(
+                "UPDATE shard_directory.shard_directory \
+                 SET region = CASE WHEN region IS NULL THEN 'eu' END WHERE entity_id = '7'",
+            )
+            .await
+            .unwrap();
+        }
+        assert_eq!(version(&c).await, before + 1000);
+        let pages: i64 = c
+            .query_one(
+                "SELECT pg_relation_size('shard_directory.shard_directory_version') / 8192",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(
+            pages <= 2,
+            "{pages} pages after 1000 changes ({settings:?})"
+        );
+    }
+}
