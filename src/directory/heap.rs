@@ -241,7 +241,7 @@ unsafe fn with_singleton<R>(
 ) -> R {
     unsafe {
         if let Some(tid) = hint {
-            let block = (u32::from(tid.ip_blkid.bi_hi) << 16) | u32::from(tid.ip_blkid.bi_lo);
+            let (block, _) = pgrx::itemptr::item_pointer_get_both(tid);
             // A block past the end (the table made anew, or truncated) cannot be read.
             let blocks =
                 pg_sys::RelationGetNumberOfBlocksInFork(table.0, pg_sys::ForkNumber::MAIN_FORKNUM);

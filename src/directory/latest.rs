@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering::R
 
 use pgrx::prelude::*;
 use pgrx::shmem::PGRXSharedMemory;
-use pgrx::{pg_shmem_init, PgAtomic};
+use pgrx::{itemptr, pg_shmem_init, PgAtomic};
 
 /// Directory databases per cluster with a slot; any more read the version row.
 const SLOTS: usize = 16;
@@ -22,7 +22,8 @@ const SLOTS: usize = 16;
 struct Slot {
     database: AtomicU32,
     version: AtomicI64,
-    /// The version row's place, packed by [`pack`]; 0 when not known.
+    /// The version row's place, packed by pgrx's `item_pointer_to_u64`; 0 when not known (no
+    /// tuple is at offset 0).
     row: AtomicU64,
 }
 
@@ -63,7 +64,10 @@ pub fn get() -> Option<i64> {
 
 /// Where the newest version row of this database was written, when known.
 pub fn row() -> Option<pg_sys::ItemPointerData> {
-    slot().and_then(|s| unpack(s.row.load(Relaxed)))
+    let packed = slot()?.row.load(Relaxed);
+    let mut tid = pg_sys::ItemPointerData::default();
+    itemptr::u64_to_item_pointer(packed, &mut tid);
+    (tid.ip_posid != pg_sys::InvalidOffsetNumber).then_some(tid)
 }
 
 /// Records a bump; called under the version lock.
@@ -76,26 +80,6 @@ pub fn set(version: i64) {
 /// Records where a bump wrote the version row; called under the version lock.
 pub fn set_row(row: pg_sys::ItemPointerData) {
     if let Some(s) = slot() {
-        s.row.store(pack(row), Relaxed);
+        s.row.store(itemptr::item_pointer_to_u64(row), Relaxed);
     }
-}
-
-fn pack(tid: pg_sys::ItemPointerData) -> u64 {
-    let block = (u64::from(tid.ip_blkid.bi_hi) << 16) | u64::from(tid.ip_blkid.bi_lo);
-    (block << 16) | u64::from(tid.ip_posid)
-}
-
-/// Offset 0 is no tuple's: a slot never written unpacks to `None`.
-fn unpack(packed: u64) -> Option<pg_sys::ItemPointerData> {
-    let posid = (packed & 0xffff) as u16;
-    (posid != 0).then(|| {
-        let block = packed >> 16;
-        pg_sys::ItemPointerData {
-            ip_blkid: pg_sys::BlockIdData {
-                bi_hi: (block >> 16) as u16,
-                bi_lo: (block & 0xffff) as u16,
-            },
-            ip_posid: posid,
-        }
-    })
 }

@@ -145,14 +145,7 @@ fn shard_region(shard: &str) -> Option<Option<String>> {
         let rel = pg_sys::table_open(relid, lock);
         // Found in the open relation's descriptor: no catalog lookup per change.
         let desc = (*rel).rd_att;
-        let name_column = pg_sys::SPI_fnumber(desc, c"shard_name".as_ptr());
-        let region_column = pg_sys::SPI_fnumber(desc, c"region".as_ptr());
-        if name_column <= 0 || region_column <= 0 {
-            SdError::ObjectMissing {
-                name: "shard_directory.shards (shard_name, region)".into(),
-            }
-            .raise();
-        }
+        let [name_column, region_column] = positions(desc, [c"shard_name", c"region"]);
         let mut key = std::mem::MaybeUninit::<pg_sys::ScanKeyData>::zeroed().assume_init();
         pg_sys::ScanKeyInit(
             &mut key,
@@ -163,7 +156,7 @@ fn shard_region(shard: &str) -> Option<Option<String>> {
         );
         // Compare as the index orders: in the column's collation, not ScanKeyInit's C.
         key.sk_collation =
-            (*desc).attrs.as_slice((*desc).natts as usize)[name_column as usize - 1].attcollation;
+            (*desc).attrs.as_slice((*desc).natts as usize)[name_column - 1].attcollation;
         let scan = pg_sys::systable_beginscan(
             rel,
             pg_sys::RelationGetPrimaryKeyIndex(rel),
@@ -175,7 +168,8 @@ fn shard_region(shard: &str) -> Option<Option<String>> {
         let tuple = pg_sys::systable_getnext(scan);
         let found = (!tuple.is_null()).then(|| {
             let mut is_null = false;
-            let datum = pg_sys::heap_getattr(tuple, region_column, (*rel).rd_att, &mut is_null);
+            let datum =
+                pg_sys::heap_getattr(tuple, region_column as i32, (*rel).rd_att, &mut is_null);
             String::from_datum(datum, is_null)
         });
         pg_sys::systable_endscan(scan);

@@ -32,8 +32,9 @@ fn own_table(trigger: &PgTrigger<'_>, function: &'static str, table: &'static CS
     unsafe { (*relation).rd_id }
 }
 
-/// The `version` of `row`, a row of the trigger's table (0 when NULL).
-fn version_of(trigger: &PgTrigger<'_>, row: pg_sys::HeapTuple) -> i64 {
+/// The `version` of `row`, a row of the trigger's table (0 when NULL or no row).
+fn version_of(trigger: &PgTrigger<'_>, row: Option<pg_sys::HeapTuple>) -> i64 {
+    let Some(row) = row else { return 0 };
     let desc = desc(trigger);
     let [at] = row::positions(desc, [c"version"]);
     let mut is_null = false;
@@ -123,15 +124,12 @@ fn restore(new: &Entry, version: i64) {
 #[pg_trigger]
 fn shard_directory_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     let relid = own_table(trigger, "shard_directory_guard", c"shard_directory");
-    if let (PgTriggerOperation::Insert, Some(tuple)) = (op(trigger), trigger.new()) {
-        let version = rows(trigger).1.map_or(0, |row| version_of(trigger, row));
+    if let (PgTriggerOperation::Insert, (_, Some(row))) = (op(trigger), rows(trigger)) {
+        let version = version_of(trigger, Some(row));
         if version > 0 && privilege::current_role_owns(relid) {
             // SAFETY: the trigger's row, described by its relation's descriptor.
-            restore(
-                &unsafe { Entry::read(trigger.trigger_data().tg_trigtuple, desc(trigger)) },
-                version,
-            );
-            return Ok(Some(tuple.into_owned()));
+            restore(&unsafe { Entry::read(row, desc(trigger)) }, version);
+            return Ok(trigger.new().map(PgHeapTuple::into_owned));
         }
     }
     let (old, new, _) = classify(trigger).unwrap_or_else(|e| e.raise());
@@ -182,7 +180,7 @@ fn shard_directory_record_history<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResu
     let operation = op(trigger);
     if let (PgTriggerOperation::Insert, (_, Some(row))) = (&operation, rows(trigger)) {
         // An insert the statement did not stamp is a restored entry: its history is restored too.
-        if !statement::stamped_with(version_of(trigger, row)) {
+        if !statement::stamped_with(version_of(trigger, Some(row))) {
             return Ok(None);
         }
     }
@@ -191,16 +189,15 @@ fn shard_directory_record_history<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResu
         return Ok(None);
     }
     let bump = statement::current();
-    if let (_, Some(written)) = rows(trigger) {
-        if version_of(trigger, written) != bump.version {
-            // SAFETY: the trigger's row is valid for the call; its t_self is where it was written.
-            let tid = unsafe { (*written).t_self };
-            heap::rewrite_own_row(
-                trigger.trigger_data().tg_relation,
-                tid,
-                &[(c"version", bump.version.into_datum())],
-            );
-        }
+    let (_, written) = rows(trigger);
+    if let Some(row) = written.filter(|_| version_of(trigger, written) != bump.version) {
+        // SAFETY: the trigger's row is valid for the call; its t_self is where it was written.
+        let tid = unsafe { (*row).t_self };
+        heap::rewrite_own_row(
+            trigger.trigger_data().tg_relation,
+            tid,
+            &[(c"version", bump.version.into_datum())],
+        );
     }
     history::record(
         old.as_ref(),
@@ -250,10 +247,8 @@ fn shard_directory_version_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResul
         PgTriggerOperation::Update => {
             // Any update of the row (a DBA's by hand too) is ordered with the bumps.
             statement::lock_versions();
-            let (from, to) = (
-                rows(trigger).0.map_or(0, |row| version_of(trigger, row)),
-                rows(trigger).1.map_or(0, |row| version_of(trigger, row)),
-            );
+            let (old, new) = rows(trigger);
+            let (from, to) = (version_of(trigger, old), version_of(trigger, new));
             let allowed = to == from + 1 || (writer::writing(Writer::Restore) && to >= from);
             if !allowed {
                 SdError::VersionRegression { from, to }.raise();
@@ -262,7 +257,7 @@ fn shard_directory_version_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResul
         }
         PgTriggerOperation::Insert if privilege::current_role_owns(relid) => {
             statement::raise_to(
-                rows(trigger).1.map_or(0, |row| version_of(trigger, row)),
+                version_of(trigger, rows(trigger).1),
                 trigger
                     .new()
                     .and_then(|t| spi("updated_at", t.get_by_name("updated_at"))),
