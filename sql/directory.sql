@@ -1,6 +1,9 @@
 -- Directory database objects. The rules live in the Rust trigger functions (src/directory/);
 -- this file only declares the tables and wires the triggers.
 
+-- Entity ids are compared as UTF-8 text on both roles (src/entity.rs).
+SELECT require_utf8_database();
+
 -- Registry of shards: a typo'd shard name is an error, not an outage. conninfo says where the
 -- shard is (libpq keywords or URI, never a password: libpq takes it from .pgpass or the
 -- environment), so the mover and routers need only the directory's address.

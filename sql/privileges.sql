@@ -24,5 +24,6 @@ REVOKE EXECUTE ON FUNCTION
     unprotect(regclass),
     purge_history(timestamptz),
     bypass_fence(text, text),
+    advance_sequence(regclass, bigint),
     changes_since(bigint, integer)
 FROM PUBLIC;

@@ -2,6 +2,13 @@
 -- Run by ALTER EXTENSION shard_directory UPDATE; leaves the same objects as a fresh install of
 -- 0.2.0 (tests/tests/upgrade.rs compares them).
 
+-- Entity ids are compared as UTF-8 text on both roles (src/entity.rs).
+CREATE FUNCTION "require_utf8_database"() RETURNS void
+STRICT VOLATILE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'require_utf8_database_wrapper';
+SELECT require_utf8_database();
+
 -- The version row's page is pruned after a few dozen updates instead of a few hundred: every
 -- read of the row walks the versions its page still keeps.
 ALTER TABLE shard_directory_version SET (fillfactor = 10);
@@ -178,6 +185,24 @@ CREATE EVENT TRIGGER shard_directory_protect_partitions ON ddl_command_end
     WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE')
     EXECUTE FUNCTION protect_new_partitions();
 
+-- The canonical text of an entity id as a key of a protected table (src/shard/key.rs).
+CREATE FUNCTION "canonical_entity_id"(
+	"tbl" regclass,
+	"entity_id" TEXT
+) RETURNS TEXT
+STABLE PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'canonical_entity_id_wrapper';
+
+-- A target's sequence put past the source's, locked against nextval (src/shard/sequences.rs).
+CREATE FUNCTION "advance_sequence"(
+	"seq" regclass,
+	"past" bigint
+) RETURNS bigint
+VOLATILE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'advance_sequence_wrapper';
+
 -- Who may run what (sql/privileges.sql).
 REVOKE EXECUTE ON FUNCTION
     shard_directory_statement_begin(),
@@ -202,6 +227,7 @@ REVOKE EXECUTE ON FUNCTION
     unprotect(regclass),
     purge_history(timestamptz),
     bypass_fence(text, text),
+    advance_sequence(regclass, bigint),
     changes_since(bigint, integer)
 FROM PUBLIC;
 

@@ -51,3 +51,18 @@ impl fmt::Display for EntityKey {
         write!(f, "{}/{}", self.entity_type, self.entity_id)
     }
 }
+
+/// Refuses to install the extension in a database whose encoding is not UTF8: the check, the
+/// fences and the mover compare entity ids as UTF-8 text, and in another encoding an id that a
+/// client sends, a fence holds and a row's key prints could differ byte for byte.
+#[pgrx::pg_extern(volatile)]
+fn require_utf8_database() {
+    let encoding = unsafe { pgrx::pg_sys::GetDatabaseEncoding() };
+    if encoding != pgrx::pg_sys::pg_enc::PG_UTF8 as i32 {
+        let name = unsafe { std::ffi::CStr::from_ptr(pgrx::pg_sys::GetDatabaseEncodingName()) };
+        crate::error::SdError::DatabaseEncoding {
+            encoding: name.to_string_lossy().into_owned(),
+        }
+        .raise();
+    }
+}

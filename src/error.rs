@@ -177,6 +177,36 @@ pub enum SdError {
     NotATable {
         table: String,
     },
+    /// A key column whose type's equality is not the equality of one text per key (`key`).
+    UnsupportedKeyType {
+        column: String,
+        type_name: String,
+        why: &'static str,
+    },
+    /// An entity id that its key column reads back differently (`08842` for a bigint key).
+    NonCanonicalId {
+        entity: EntityKey,
+        column: String,
+        type_name: String,
+        canonical: String,
+    },
+    /// A function that needs a table's key column was given a table not protected with one.
+    NotProtectedWithKey {
+        table: String,
+    },
+    /// Entity ids are compared as UTF-8 text: other database encodings are refused.
+    DatabaseEncoding {
+        encoding: String,
+    },
+    /// `advance_sequence` was given a relation that is not a sequence.
+    NotASequence {
+        name: String,
+    },
+    /// `advance_sequence` needs UPDATE on the sequence, as `setval` does.
+    SequenceNotAllowed {
+        name: String,
+        role: String,
+    },
 }
 
 /// The value of an SPI call or column read, or an error naming the step: never a Rust panic,
@@ -275,7 +305,13 @@ impl SdError {
             Self::FenceWaitTimeout { .. } => ERRCODE_LOCK_NOT_AVAILABLE,
             Self::TruncateFenced { .. } => ERRCODE_T_R_SERIALIZATION_FAILURE,
             Self::ProtectNotAllowed { .. } => ERRCODE_INSUFFICIENT_PRIVILEGE,
-            Self::NotATable { .. } => ERRCODE_WRONG_OBJECT_TYPE,
+            Self::NotATable { .. } | Self::NotASequence { .. } => ERRCODE_WRONG_OBJECT_TYPE,
+            Self::SequenceNotAllowed { .. } => ERRCODE_INSUFFICIENT_PRIVILEGE,
+            Self::UnsupportedKeyType { .. } | Self::DatabaseEncoding { .. } => {
+                ERRCODE_FEATURE_NOT_SUPPORTED
+            }
+            Self::NonCanonicalId { .. } => ERRCODE_INVALID_PARAMETER_VALUE,
+            Self::NotProtectedWithKey { .. } => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             Self::UnknownState { .. } | Self::RegionMismatch { .. } => ERRCODE_CHECK_VIOLATION,
             Self::StaleDirectory { .. }
             | Self::StaleEntity { .. }
@@ -433,6 +469,24 @@ impl SdError {
             Self::ProtectNotAllowed { .. } => Some(
                 "The table's owner (or a role granted TRIGGER on it) protects it.".into(),
             ),
+            Self::UnsupportedKeyType { .. } => Some(
+                "Key entities with text, varchar, char(n), smallint, integer, bigint, numeric(p, 0), \
+                 uuid or an enum (or a domain over one), in a deterministic collation; keep \
+                 case-insensitive ids in one canonical case, as text."
+                    .into(),
+            ),
+            Self::NonCanonicalId { canonical, .. } => Some(format!(
+                "Entity ids are the canonical text of their key: use \"{canonical}\" in the directory and on the shards."
+            )),
+            Self::NotProtectedWithKey { table } => Some(format!(
+                "SELECT shard_directory.protect('{table}', '<key column>', '<entity type>')."
+            )),
+            Self::SequenceNotAllowed { name, role } => Some(format!(
+                "GRANT UPDATE ON SEQUENCE {name} TO {role}."
+            )),
+            Self::DatabaseEncoding { .. } => Some(
+                "Create the database with ENCODING 'UTF8' (CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0).".into(),
+            ),
             _ => None,
         }
     }
@@ -559,6 +613,28 @@ impl fmt::Display for SdError {
             Self::NotATable { table } => write!(
                 f,
                 "{table} is not a table: protect() accepts tables and partitioned tables"
+            ),
+            Self::UnsupportedKeyType { column, type_name, why } => write!(
+                f,
+                "key column {column} has type {type_name}, which cannot key an entity: {why}"
+            ),
+            Self::NonCanonicalId { entity, column, type_name, canonical } => write!(
+                f,
+                "entity id \"{}\" of {entity} is not canonical for key column {column} ({type_name}), \
+                 which reads it as \"{canonical}\"",
+                entity.entity_id
+            ),
+            Self::NotProtectedWithKey { table } => {
+                write!(f, "table {table} is not protected with a key column")
+            }
+            Self::NotASequence { name } => write!(f, "{name} is not a sequence"),
+            Self::SequenceNotAllowed { name, role } => write!(
+                f,
+                "role \"{role}\" may not advance sequence {name}: it lacks the UPDATE privilege on it"
+            ),
+            Self::DatabaseEncoding { encoding } => write!(
+                f,
+                "shard_directory needs a UTF8 database, not {encoding}: entity ids are compared as UTF-8 text"
             ),
         }
     }

@@ -42,6 +42,7 @@ pgrx::extension_sql_file!(
     "../sql/directory.sql",
     name = "directory_objects",
     requires = [
+        entity::require_utf8_database,
         directory::triggers::shard_directory_statement_begin,
         directory::triggers::shard_directory_guard,
         directory::triggers::shard_directory_record_history,

@@ -1283,4 +1283,173 @@ mod tests {
         );
         assert_eq!(locks, 0);
     }
+
+    // ------------------------------------------------------------ entity keys
+
+    #[pg_test]
+    fn only_a_key_type_whose_equality_is_its_text_can_be_protected() {
+        Spi::run(
+            "CREATE EXTENSION IF NOT EXISTS citext; \
+             CREATE TYPE color AS ENUM ('red', 'blue'); \
+             CREATE DOMAIN code AS text CHECK (VALUE ~ '^[a-z0-9]+$'); \
+             CREATE DOMAIN ci_code AS citext; \
+             CREATE COLLATION case_blind (provider = icu, locale = 'und-u-ks-level2', deterministic = false)",
+        )
+        .unwrap();
+        let types = [
+            ("text", true),
+            ("varchar(10)", true),
+            ("char(8)", true),
+            ("smallint", true),
+            ("integer", true),
+            ("bigint", true),
+            ("numeric(12,0)", true),
+            ("uuid", true),
+            ("color", true),
+            ("code", true),
+            ("text COLLATE \"C\"", true),
+            ("citext", false),
+            ("ci_code", false),
+            ("text COLLATE case_blind", false),
+            ("numeric", false),
+            ("numeric(10,2)", false),
+            ("date", false),
+            ("timestamptz", false),
+            ("bytea", false),
+            ("double precision", false),
+            ("jsonb", false),
+        ];
+        for (i, (ty, accepted)) in types.iter().enumerate() {
+            Spi::run(&format!("CREATE TABLE keyed_{i} (k {ty})")).unwrap();
+            let protect = format!("SELECT shard_directory.protect('keyed_{i}', 'k', 'tenant')");
+            if *accepted {
+                Spi::run(&protect).unwrap_or_else(|e| panic!("{ty}: {e}"));
+                continue;
+            }
+            let r = refusal(&protect);
+            assert_eq!(r.code, ERRCODE_FEATURE_NOT_SUPPORTED, "{ty}: {}", r.message);
+            assert!(
+                r.message.contains(&format!("keyed_{i}.k")) && r.hint.is_some(),
+                "{ty}: {}",
+                r.message
+            );
+            assert_eq!(
+                one::<i64>(&format!(
+                    "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'keyed_{i}'::regclass"
+                )),
+                0,
+                "{ty}: a refused protect leaves no trigger"
+            );
+        }
+        // A key column altered since to a type that cannot key an entity is refused at the write.
+        Spi::run("ALTER TABLE keyed_0 ALTER COLUMN k TYPE citext").unwrap();
+        client("1");
+        assert_eq!(
+            refusal("INSERT INTO keyed_0 VALUES ('a')").code,
+            ERRCODE_FEATURE_NOT_SUPPORTED
+        );
+    }
+
+    #[pg_test]
+    fn a_char_n_key_finds_its_fence_without_its_padding() {
+        Spi::run(
+            "CREATE TABLE padded (k char(8), body text); \
+             SELECT shard_directory.protect('padded', 'k', 'tenant'); \
+             SELECT shard_directory.fence_moved('tenant', 'acme', 'shard_2', 6)",
+        )
+        .unwrap();
+        client("6");
+        let r = refusal("INSERT INTO padded VALUES ('acme', 'x')");
+        assert_eq!(r.code, ERRCODE_T_R_SERIALIZATION_FAILURE, "{}", r.message);
+        assert_eq!(json(r.detail)["entity_id"], "acme");
+        Spi::run("INSERT INTO padded VALUES ('acme2', 'y')").unwrap();
+        assert_eq!(
+            refusal("UPDATE padded SET k = 'acme' WHERE body = 'y'").code,
+            ERRCODE_T_R_SERIALIZATION_FAILURE
+        );
+        assert_eq!(
+            one::<String>("SELECT shard_directory.canonical_entity_id('padded', 'acme')"),
+            "acme"
+        );
+        assert_eq!(
+            one::<String>("SELECT shard_directory.canonical_entity_id('padded', 'acme   ')"),
+            "acme"
+        );
+        assert_eq!(
+            refusal("SELECT shard_directory.canonical_entity_id('padded', 'acmecorp1')").code,
+            ERRCODE_STRING_DATA_RIGHT_TRUNCATION
+        );
+    }
+
+    #[pg_test]
+    fn a_fence_and_a_declared_id_must_be_canonical_for_the_key() {
+        Spi::run(
+            "CREATE TABLE by_number (k bigint); \
+             SELECT shard_directory.protect('by_number', 'k', 'tenant'); \
+             CREATE TABLE by_uuid (k uuid); \
+             SELECT shard_directory.protect('by_uuid', 'k', 'account')",
+        )
+        .unwrap();
+        let r = refusal("SELECT shard_directory.fence_moved('tenant', '08842', 'shard_2', 6)");
+        assert_eq!(r.code, ERRCODE_INVALID_PARAMETER_VALUE);
+        assert!(
+            r.message.contains("\"08842\"")
+                && r.message.contains("by_number.k")
+                && r.message.contains("reads it as \"8842\""),
+            "{}",
+            r.message
+        );
+        let r = refusal("SELECT shard_directory.fence_frozen('tenant', 'abc')");
+        assert_eq!(r.code, ERRCODE_INVALID_TEXT_REPRESENTATION, "{}", r.message);
+        let upper = "A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11";
+        assert_eq!(
+            refusal(&format!(
+                "SELECT shard_directory.fence_frozen('account', '{upper}')"
+            ))
+            .code,
+            ERRCODE_INVALID_PARAMETER_VALUE
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM shard_directory.shard_fences"),
+            0,
+            "refused fences change nothing"
+        );
+        Spi::run(&format!(
+            "SELECT shard_directory.fence_moved('tenant', '8842', 'shard_2', 6); \
+             SELECT shard_directory.fence_frozen('account', '{}')",
+            upper.to_lowercase()
+        ))
+        .unwrap();
+        client("6");
+        // The row's key is always canonical: 08842 is the row of 8842.
+        assert_eq!(
+            json(refusal("INSERT INTO by_number VALUES ('08842')").detail)["entity_id"],
+            "8842"
+        );
+        assert_eq!(
+            json(refusal(&format!("INSERT INTO by_uuid VALUES ('{upper}')")).detail)["reason"],
+            "frozen"
+        );
+        // A declared id that would miss the fence is refused, not let through.
+        entity("08842");
+        assert_eq!(refusal(CHECK).code, ERRCODE_INVALID_PARAMETER_VALUE);
+        entity("8842");
+        assert_eq!(json(refusal(CHECK).detail)["reason"], "moved");
+        entity("17");
+        Spi::run(CHECK).unwrap();
+        assert_eq!(
+            one::<String>("SELECT shard_directory.canonical_entity_id('by_number', '007')"),
+            "7"
+        );
+        assert_eq!(
+            refusal("SELECT shard_directory.canonical_entity_id('padded_nowhere', '1')").code,
+            ERRCODE_UNDEFINED_TABLE
+        );
+        Spi::run("CREATE TABLE unkeyed (k int); SELECT shard_directory.protect('unkeyed')")
+            .unwrap();
+        assert_eq!(
+            refusal("SELECT shard_directory.canonical_entity_id('unkeyed', '1')").code,
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
+        );
+    }
 }

@@ -631,8 +631,12 @@ mod tests {
         std::thread::scope(|s| {
             s.spawn(|| {
                 let mut seed = 0x9e3779b97f4a7c15u64;
-                let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
-                while std::time::Instant::now() < until {
+                // At least 2 s of changes, and on until the readers have checked enough hits (a
+                // loaded machine schedules them rarely), within a deadline.
+                let now = std::time::Instant::now;
+                let until = now() + std::time::Duration::from_secs(2);
+                let deadline = now() + std::time::Duration::from_secs(60);
+                while now() < until || (checked.load(SeqCst) <= 1_000 && now() < deadline) {
                     let mut d = directory.lock().unwrap();
                     d.version += 1;
                     let (v, k) = (d.version, xorshift(&mut seed) as usize % KEYS);

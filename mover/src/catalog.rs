@@ -13,6 +13,28 @@ pub struct Column {
     pub type_name: String,
 }
 
+/// A foreign key of an entity table (declared on it, not the copies PostgreSQL makes on
+/// partitions).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ForeignKey {
+    pub name: String,
+    /// The referenced table, `schema.table` and quoted.
+    pub table: String,
+    pub quoted: String,
+    /// Referencing columns and the referenced columns they match, quoted, in order.
+    pub columns: Vec<String>,
+    pub referenced: Vec<String>,
+}
+
+/// A table (or partition) whose replica identity does not cover the key column.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct IdentityGap {
+    /// `schema.table` of the table or partition.
+    pub name: String,
+    /// A unique index on it that includes the key and could be its replica identity.
+    pub usable_index: Option<String>,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 pub struct EntityTable {
     /// `schema.table`, for messages and the move record.
@@ -21,19 +43,28 @@ pub struct EntityTable {
     pub quoted: String,
     pub key_column: String,
     pub key_quoted: String,
-    /// The key column's type, as `regtype` prints it.
+    /// The key column's type with its modifier (`character(8)`), as `format_type` prints it: what
+    /// the entity's id is read as in every predicate.
     pub key_type: String,
+    /// Whether the key's type is built in: PostgreSQL's row filters refuse user-defined types
+    /// (a domain, an enum), so only then can the logical method filter on it.
+    pub key_builtin: bool,
     /// Stored columns (not generated), in table order.
     pub columns: Vec<Column>,
     /// Primary key columns, quoted: how verification names a differing row.
     pub primary_key: Vec<String>,
-    /// Whether the replica identity covers the key column: a row filter on it needs that for
-    /// UPDATE and DELETE.
-    pub identity_covers_key: bool,
-    /// Columns backed by a sequence (serial or identity).
-    pub sequence_columns: Vec<String>,
-    /// Tables this one references with a foreign key (`schema.table`).
-    pub references: Vec<String>,
+    /// The table, or each partition, whose replica identity does not cover the key column: a
+    /// row filter on it needs that for UPDATE and DELETE.
+    pub identity_gaps: Vec<IdentityGap>,
+    /// Every sequence the table's columns draw from, quoted: serial and identity columns' own,
+    /// and any other a column default calls `nextval` on.
+    pub sequences: Vec<String>,
+    /// Whether binary COPY can carry every column between shards: each type (and the types inside
+    /// it: elements, domains' bases, fields, range subtypes) has binary send and receive
+    /// functions, and no array or composite holds a type made on the shard (its binary form
+    /// carries the type's OID, which differs between shards).
+    pub binary_copy: bool,
+    pub foreign_keys: Vec<ForeignKey>,
 }
 
 const DESCRIBE: &str = r#"
@@ -42,7 +73,8 @@ SELECT coalesce(json_agg(t ORDER BY t.name), '[]')::text FROM (
          format('%I.%I', n.nspname, c.relname) AS quoted,
          p.key_column,
          quote_ident(p.key_column) AS key_quoted,
-         k.atttypid::regtype::text AS key_type,
+         format_type(k.atttypid, k.atttypmod) AS key_type,
+         k.atttypid < 16384 AS key_builtin,
          (SELECT coalesce(json_agg(json_build_object(
                      'name', a.attname, 'quoted', quote_ident(a.attname),
                      'type_name', format_type(a.atttypid, a.atttypmod)) ORDER BY a.attnum), '[]')
@@ -54,24 +86,83 @@ SELECT coalesce(json_agg(t ORDER BY t.name), '[]')::text FROM (
             CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS x(attnum, ord)
             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = x.attnum
            WHERE i.indrelid = c.oid AND i.indisprimary) AS primary_key,
-         CASE c.relreplident
-           WHEN 'f' THEN true
-           WHEN 'n' THEN false
-           ELSE EXISTS (SELECT 1 FROM pg_index i
-                         WHERE i.indrelid = c.oid AND k.attnum = ANY (i.indkey)
-                           AND CASE c.relreplident WHEN 'd' THEN i.indisprimary
-                                                   ELSE i.indisreplident END)
-         END AS identity_covers_key,
-         (SELECT coalesce(json_agg(a.attname ORDER BY a.attnum), '[]')
-            FROM pg_attribute a
-           WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-             AND pg_get_serial_sequence(format('%I.%I', n.nspname, c.relname), a.attname)
-                 IS NOT NULL) AS sequence_columns,
-         (SELECT coalesce(json_agg(DISTINCT format('%s.%s', fn.nspname, fc.relname)), '[]')
+         (SELECT coalesce(json_agg(json_build_object(
+                     'name', format('%s.%s', ln.nspname, l.relname),
+                     'usable_index',
+                     (SELECT i.indexrelid::regclass::text FROM pg_index i
+                       WHERE i.indrelid = l.oid AND i.indisunique AND i.indimmediate
+                         AND i.indpred IS NULL AND i.indexprs IS NULL
+                         AND lk.attnum = ANY (i.indkey)
+                         AND NOT EXISTS (SELECT 1 FROM pg_attribute ia
+                                          WHERE ia.attrelid = l.oid AND ia.attnum = ANY (i.indkey)
+                                            AND NOT ia.attnotnull)
+                       ORDER BY i.indisprimary DESC, i.indexrelid LIMIT 1))
+                   ORDER BY l.relname), '[]')
+            FROM (SELECT c.oid AS relid UNION SELECT relid FROM pg_partition_tree(c.oid)) tree
+            JOIN pg_class l ON l.oid = tree.relid AND l.relkind = 'r'
+            JOIN pg_namespace ln ON ln.oid = l.relnamespace
+            JOIN pg_attribute lk ON lk.attrelid = l.oid AND lk.attname = p.key_column
+           WHERE CASE l.relreplident
+                   WHEN 'f' THEN false
+                   WHEN 'n' THEN true
+                   ELSE NOT EXISTS (SELECT 1 FROM pg_index i
+                                     WHERE i.indrelid = l.oid AND lk.attnum = ANY (i.indkey)
+                                       AND CASE l.relreplident WHEN 'd' THEN i.indisprimary
+                                                               ELSE i.indisreplident END)
+                 END) AS identity_gaps,
+         (SELECT coalesce(json_agg(DISTINCT seq ORDER BY seq), '[]') FROM (
+            SELECT format('%I.%I', sn.nspname, s.relname) AS seq
+              FROM pg_attrdef ad
+              JOIN pg_depend d ON d.classid = 'pg_attrdef'::regclass AND d.objid = ad.oid
+                              AND d.refclassid = 'pg_class'::regclass
+              JOIN pg_class s ON s.oid = d.refobjid AND s.relkind = 'S'
+              JOIN pg_namespace sn ON sn.oid = s.relnamespace
+             WHERE ad.adrelid = c.oid
+            UNION
+            SELECT format('%I.%I', sn.nspname, s.relname)
+              FROM pg_depend d
+              JOIN pg_class s ON s.oid = d.objid AND s.relkind = 'S'
+              JOIN pg_namespace sn ON sn.oid = s.relnamespace
+             WHERE d.classid = 'pg_class'::regclass AND d.refclassid = 'pg_class'::regclass
+               AND d.refobjid = c.oid AND d.deptype IN ('a', 'i')) q) AS sequences,
+         (WITH RECURSIVE inner_types(oid, embedded) AS (
+              SELECT a.atttypid, false FROM pg_attribute a
+               WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+                 AND a.attgenerated = ''
+              UNION
+              SELECT x.oid, it.embedded OR x.embedded FROM inner_types it
+                JOIN pg_type ty ON ty.oid = it.oid
+                CROSS JOIN LATERAL (
+                  SELECT ty.typelem, true WHERE ty.typsubscript = 'array_subscript_handler'::regproc
+                  UNION ALL SELECT nullif(ty.typbasetype, 0), false
+                  UNION ALL SELECT r.rngsubtype, false FROM pg_range r WHERE r.rngtypid = ty.oid
+                  UNION ALL SELECT r.rngtypid, false FROM pg_range r WHERE r.rngmultitypid = ty.oid
+                  UNION ALL SELECT fa.atttypid, true FROM pg_attribute fa
+                             WHERE fa.attrelid = ty.typrelid AND fa.attnum > 0
+                               AND NOT fa.attisdropped) x(oid, embedded)
+               WHERE x.oid IS NOT NULL)
+          -- Binary arrays and composites carry their elements' and fields' type OIDs, which
+          -- differ between shards for types made there (enums, domains, composites).
+          SELECT coalesce(bool_and(ty.typsend <> 0 AND ty.typreceive <> 0
+                                   AND NOT (it.embedded AND it.oid >= 16384)), true)
+            FROM inner_types it JOIN pg_type ty ON ty.oid = it.oid) AS binary_copy,
+         (SELECT coalesce(json_agg(json_build_object(
+                     'name', f.conname,
+                     'table', format('%s.%s', fn.nspname, fc.relname),
+                     'quoted', format('%I.%I', fn.nspname, fc.relname),
+                     'columns', (SELECT json_agg(quote_ident(a.attname) ORDER BY x.ord)
+                                   FROM unnest(f.conkey) WITH ORDINALITY x(attnum, ord)
+                                   JOIN pg_attribute a ON a.attrelid = f.conrelid
+                                                      AND a.attnum = x.attnum),
+                     'referenced', (SELECT json_agg(quote_ident(a.attname) ORDER BY x.ord)
+                                      FROM unnest(f.confkey) WITH ORDINALITY x(attnum, ord)
+                                      JOIN pg_attribute a ON a.attrelid = f.confrelid
+                                                         AND a.attnum = x.attnum))
+                   ORDER BY f.conname), '[]')
             FROM pg_constraint f
             JOIN pg_class fc ON fc.oid = f.confrelid
             JOIN pg_namespace fn ON fn.oid = fc.relnamespace
-           WHERE f.conrelid = c.oid AND f.contype = 'f' AND f.confrelid <> c.oid) AS references
+           WHERE f.conrelid = c.oid AND f.contype = 'f' AND f.conparentid = 0) AS foreign_keys
     FROM shard_directory.protected_tables() p
     JOIN pg_class c ON c.oid = p.tbl
     JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -98,9 +189,9 @@ fn parents_first(mut pending: Vec<EntityTable>) -> Vec<EntityTable> {
     let mut ordered: Vec<EntityTable> = Vec::with_capacity(pending.len());
     while !pending.is_empty() {
         let ready = pending.iter().position(|t| {
-            t.references
+            t.foreign_keys
                 .iter()
-                .all(|r| !pending.iter().any(|p| &p.name == r))
+                .all(|f| f.table == t.name || !pending.iter().any(|p| p.name == f.table))
         });
         ordered.push(pending.remove(ready.unwrap_or(0)));
     }
@@ -117,19 +208,30 @@ impl EntityTable {
             .join(", ")
     }
 
-    /// `key = ($1::text)::type`: the entity's rows, with the id as parameter `$1`. The id is the
-    /// key's text form (what the protect trigger reads), so any key type works.
+    /// `key = ($1::text)::type`: the entity's rows, with the id as parameter `$1`, read as the key
+    /// column's type with its modifier (a bare `character` would be `char(1)`). Preflight has
+    /// checked that the id is canonical for the key, so this selects exactly the rows whose key
+    /// the shard's check reads as the id.
     pub fn entity_predicate(&self) -> String {
         format!("{} = ($1::text)::{}", self.key_quoted, self.key_type)
     }
 
-    /// How verification names a row: its primary key, or the whole row without one.
-    pub fn row_key(&self) -> String {
-        if self.primary_key.is_empty() {
-            format!("ROW({})::text", self.column_list())
+    /// Whether a foreign key of this table references the table itself: its rows are deleted in one
+    /// statement, since a batch could remove a row another batch's rows still reference.
+    pub fn references_itself(&self) -> bool {
+        self.foreign_keys.iter().any(|f| f.table == self.name)
+    }
+
+    /// How a row is named in messages: its primary key, or the whole row without one, read from
+    /// the table as `alias`.
+    pub fn row_key_at(&self, alias: &str) -> String {
+        let columns: Vec<String> = if self.primary_key.is_empty() {
+            self.columns.iter().map(|c| c.quoted.clone()).collect()
         } else {
-            format!("ROW({})::text", self.primary_key.join(", "))
-        }
+            self.primary_key.clone()
+        };
+        let columns: Vec<String> = columns.iter().map(|c| format!("{alias}.{c}")).collect();
+        format!("ROW({})::text", columns.join(", "))
     }
 }
 
@@ -152,18 +254,29 @@ mod tests {
             key_column: "tenant_id".into(),
             key_quoted: "tenant_id".into(),
             key_type: "text".into(),
+            key_builtin: true,
             columns: vec![],
             primary_key: vec![],
-            identity_covers_key: true,
-            sequence_columns: vec![],
-            references: references.iter().map(|r| r.to_string()).collect(),
+            identity_gaps: vec![],
+            sequences: vec![],
+            binary_copy: true,
+            foreign_keys: references
+                .iter()
+                .map(|r| ForeignKey {
+                    name: format!("{name}_{r}_fkey"),
+                    table: r.to_string(),
+                    quoted: r.to_string(),
+                    columns: vec!["tenant_id".into()],
+                    referenced: vec!["tenant_id".into()],
+                })
+                .collect(),
         }
     }
 
     #[test]
     fn parents_come_before_the_tables_that_reference_them() {
         let ordered = parents_first(vec![
-            table("public.lines", &["public.orders"]),
+            table("public.lines", &["public.orders", "public.lines"]),
             table("public.notes", &[]),
             table("public.orders", &["public.customers"]),
             table("public.customers", &[]),

@@ -1,6 +1,10 @@
-//! Method `copy`: while the entity is frozen, its rows stream from the source (`COPY ... TO STDOUT`,
-//! binary) into the target (`COPY ... FROM STDIN`) in one target transaction, so a copy is there
-//! whole or not at all. Rows an interrupted earlier attempt committed are deleted first.
+//! Method `copy`: while the entity is frozen, its rows stream from the source (`COPY ... TO STDOUT`)
+//! into the target (`COPY ... FROM STDIN`) in one target transaction, so a copy is there whole or
+//! not at all. Rows an interrupted earlier attempt committed are deleted first.
+//!
+//! Binary where it is sure to read back the same ([`EntityTable::binary_copy`], both shards on
+//! one PostgreSQL major), text otherwise: the mover's sessions pin every setting that shapes a
+//! value's text (`registry`), so text reads back the same on any shard.
 
 use futures_util::{SinkExt, StreamExt};
 use shard_directory_client::EntityKey;
@@ -36,7 +40,18 @@ pub(crate) async fn copy_rows(
         .await
         .at(Step::Copy, source_name)?
         .get(0);
+    let major = "SELECT current_setting('server_version_num')::int / 10000";
+    let source_major: i32 = read
+        .query_one(major, &[])
+        .await
+        .at(Step::Copy, source_name)?
+        .get(0);
     let write = target.transaction().await.at(Step::Copy, target_name)?;
+    let target_major: i32 = write
+        .query_one(major, &[])
+        .await
+        .at(Step::Copy, target_name)?
+        .get(0);
     fence::bypass(&write, key, version)
         .await
         .at(Step::Copy, target_name)?;
@@ -51,16 +66,21 @@ pub(crate) async fn copy_rows(
     }
     for t in tables {
         let columns = t.column_list();
+        let format = if t.binary_copy && source_major == target_major {
+            "binary"
+        } else {
+            "text"
+        };
         let out = read
             .copy_out(&format!(
-                "COPY (SELECT {columns} FROM {} WHERE {} = {literal}) TO STDOUT (FORMAT binary)",
-                t.quoted, t.key_quoted
+                "COPY (SELECT {columns} FROM {} WHERE {} = ({literal}::text)::{}) TO STDOUT (FORMAT {format})",
+                t.quoted, t.key_quoted, t.key_type
             ))
             .await
             .at(Step::Copy, at_table(source_name, t))?;
         let sink = write
             .copy_in(&format!(
-                "COPY {} ({columns}) FROM STDIN (FORMAT binary)",
+                "COPY {} ({columns}) FROM STDIN (FORMAT {format})",
                 t.quoted
             ))
             .await

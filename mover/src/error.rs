@@ -96,6 +96,34 @@ pub enum Error {
         target_rows: i64,
         keys: Vec<String>,
     },
+    /// A foreign key joins a row of the entity to a row of another entity: one end would move
+    /// and the other stay.
+    #[error(
+        "foreign key {constraint} of {from} joins rows of {entity} and of other entities \
+         (rows of {from}, first 5: {}); a move would carry one end and leave the other\n  \
+         fix: make the referencing rows belong to the entity they reference, or include the key \
+         column in the foreign key", .rows.join(", ")
+    )]
+    CrossEntity {
+        entity: shard_directory_client::EntityKey,
+        constraint: String,
+        from: String,
+        rows: Vec<String>,
+    },
+    /// Rows of the entity on the target reference rows the target does not have.
+    #[error(
+        "verify: on shard {shard}, rows of {table} reference rows of {referenced} that are not \
+         there (foreign key {constraint}; first 5: {})\n  fix: copy the referenced rows to shard \
+         {shard} first (a table the entity does not own must hold the same rows on every shard)",
+         .rows.join(", ")
+    )]
+    MissingReference {
+        shard: String,
+        table: String,
+        constraint: String,
+        referenced: String,
+        rows: Vec<String>,
+    },
     /// Catch-up and verification did not finish within `--max-freeze`.
     #[error("{step}: the freeze exceeded --max-freeze ({})", humantime::format_duration(*.limit))]
     FreezeExceeded { step: Step, limit: Duration },

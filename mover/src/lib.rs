@@ -26,9 +26,11 @@
 
 mod catalog;
 mod copy;
+mod coverage;
 mod entry;
 mod error;
 mod fence;
+mod integrity;
 mod logical;
 mod mover;
 mod observer;

@@ -87,6 +87,18 @@ pub(crate) async fn ensure_subscription(
     target.batch_execute(&ddl).await
 }
 
+/// Gathers statistics on the entity's tables (the target's, once the initial copy is in). A table
+/// the mover's role does not own is skipped with a warning, as ANALYZE does.
+pub(crate) async fn analyze(
+    target: &Client,
+    tables: &[EntityTable],
+) -> Result<(), tokio_postgres::Error> {
+    let names: Vec<&str> = tables.iter().map(|t| t.quoted.as_str()).collect();
+    target
+        .batch_execute(&format!("ANALYZE {}", names.join(", ")))
+        .await
+}
+
 /// What the target says about the subscription's tables.
 #[derive(Debug, Default)]
 pub(crate) struct SyncState {

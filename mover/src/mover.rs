@@ -50,6 +50,10 @@ pub struct MoveOptions {
     pub sync_timeout: Duration,
     /// Rows deleted per transaction when clearing a shard of the entity's rows.
     pub delete_batch: i64,
+    /// Tables (`schema.table`) with a column named like the entity's key column that does not
+    /// hold entity ids: preflight otherwise refuses a table it cannot tell from an unprotected
+    /// table of the entity.
+    pub unrelated_tables: Vec<String>,
 }
 
 impl Default for MoveOptions {
@@ -60,6 +64,7 @@ impl Default for MoveOptions {
             keep_source: false,
             sync_timeout: Duration::from_secs(30 * 60),
             delete_batch: 10_000,
+            unrelated_tables: Vec::new(),
         }
     }
 }
@@ -102,15 +107,11 @@ impl Mover {
     /// Checks that `key` can move to `target` and says how, changing nothing.
     pub async fn plan(&self, key: &EntityKey, target: &str) -> Result<Plan, Error> {
         let directory = self.connect_directory(None).await?;
-        Ok(preflight(
-            &directory,
-            &self.overrides,
-            self.options.method,
-            key,
-            target,
+        Ok(
+            preflight(&directory, &self.overrides, &self.options, key, target)
+                .await?
+                .0,
         )
-        .await?
-        .0)
     }
 
     /// Starts a move of `key` to `target` and runs it to the end.
@@ -119,15 +120,10 @@ impl Mover {
             .connect_directory(None)
             .await
             .map_err(Failure::untouched)?;
-        let (plan, tables, source, target) = preflight(
-            &directory,
-            &self.overrides,
-            self.options.method,
-            key,
-            target,
-        )
-        .await
-        .map_err(Failure::untouched)?;
+        let (plan, tables, source, target) =
+            preflight(&directory, &self.overrides, &self.options, key, target)
+                .await
+                .map_err(Failure::untouched)?;
         let progress: BTreeMap<String, TableProgress> = plan
             .tables
             .iter()

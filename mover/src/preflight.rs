@@ -9,13 +9,16 @@ use shard_directory_client::{EntityKey, State};
 use tokio_postgres::Client;
 
 use crate::catalog::{self, EntityTable};
+use crate::coverage;
 use crate::entry;
 use crate::error::{At, Error, Place, Step};
 use crate::fence::{self, Fence};
-use crate::mover::MethodChoice;
+use crate::integrity;
+use crate::mover::{MethodChoice, MoveOptions};
 use crate::purge;
 use crate::record::Method;
 use crate::registry::{self, Overrides};
+use crate::sequences;
 use crate::side::Side;
 
 /// What a move would do, as preflight found it (`--dry-run`).
@@ -69,7 +72,7 @@ impl fmt::Display for Plan {
 pub(crate) async fn preflight(
     directory: &Client,
     overrides: &Overrides,
-    method: MethodChoice,
+    options: &MoveOptions,
     key: &EntityKey,
     target_name: &str,
 ) -> Result<(Plan, Vec<EntityTable>, Side, Side), Error> {
@@ -122,28 +125,6 @@ pub(crate) async fn preflight(
         source: e,
     };
 
-    let wal_level: String = source
-        .client
-        .query_one("SELECT current_setting('wal_level')", &[])
-        .await
-        .map_err(at_source)?
-        .get(0);
-    let method = match (method, wal_level == "logical") {
-        (MethodChoice::Auto | MethodChoice::Logical, true) => Method::Logical,
-        (MethodChoice::Auto | MethodChoice::Copy, _) => Method::Copy,
-        (MethodChoice::Logical, false) => {
-            return refuse(
-                format!(
-                    "source shard {s} has wal_level = {wal_level}; the logical method needs logical"
-                ),
-                format!(
-                    "ALTER SYSTEM SET wal_level = logical and restart shard {s} (it also needs \
-                     free replication slots and WAL senders), or use --method copy"
-                ),
-            );
-        }
-    };
-
     let kind = &key.entity_type;
     let tables = catalog::describe(&source.client, kind)
         .await
@@ -160,6 +141,40 @@ pub(crate) async fn preflight(
             ),
         );
     }
+    let wal_level: String = source
+        .client
+        .query_one("SELECT current_setting('wal_level')", &[])
+        .await
+        .map_err(at_source)?
+        .get(0);
+    let logical_blocker = if wal_level != "logical" {
+        Some((
+            format!(
+                "source shard {s} has wal_level = {wal_level}; the logical method needs logical"
+            ),
+            format!(
+                "ALTER SYSTEM SET wal_level = logical and restart shard {s} (it also needs \
+                 free replication slots and WAL senders), or use --method copy"
+            ),
+        ))
+    } else {
+        tables.iter().find(|t| !t.key_builtin).map(|t| {
+            (
+                format!(
+                    "key column {}.{} has type {}, which is not built in: PostgreSQL's publication \
+                     row filters accept built-in types only, so the logical method cannot select \
+                     the entity's rows",
+                    t.name, t.key_column, t.key_type
+                ),
+                "use --method copy (or auto, which chooses it)".to_owned(),
+            )
+        })
+    };
+    let method = match (options.method, logical_blocker) {
+        (MethodChoice::Copy, _) | (MethodChoice::Auto, Some(_)) => Method::Copy,
+        (MethodChoice::Auto | MethodChoice::Logical, None) => Method::Logical,
+        (MethodChoice::Logical, Some((problem, fix))) => return refuse(problem, fix),
+    };
     let on_target = catalog::describe(&target.client, kind)
         .await
         .map_err(at_target)?;
@@ -223,20 +238,42 @@ pub(crate) async fn preflight(
                 Some(_) => {}
             }
         }
-        if method == Method::Logical && !t.identity_covers_key {
+        if method == Method::Logical && !t.identity_gaps.is_empty() {
+            let gaps: Vec<&str> = t.identity_gaps.iter().map(|g| g.name.as_str()).collect();
+            let fixes: Vec<String> = t
+                .identity_gaps
+                .iter()
+                .map(|g| match &g.usable_index {
+                    Some(index) => format!(
+                        "ALTER TABLE {} REPLICA IDENTITY USING INDEX {index}",
+                        g.name
+                    ),
+                    None => format!("ALTER TABLE {} REPLICA IDENTITY FULL", g.name),
+                })
+                .collect();
             return refuse(
                 format!(
-                    "table {name} on source shard {s}: its replica identity does not include \
-                     the key column {key_column}, so a publication filtered on it could not \
-                     publish its updates and deletes (and would refuse them)"
+                    "table {name} on source shard {s}: the replica identity of {} does not \
+                     include the key column {key_column}, so once a publication filters on it \
+                     PostgreSQL would refuse every UPDATE and DELETE there, for every entity",
+                    gaps.join(", ")
                 ),
                 format!(
-                    "ALTER TABLE {name} REPLICA IDENTITY FULL, or make {key_column} part of \
-                     its primary key, on shard {s}; or use --method copy"
+                    "{} on shard {s} (a unique index that includes {key_column} where there is \
+                     one); or use --method copy",
+                    fixes.join("; ")
                 ),
             );
         }
     }
+    for (side, shard) in [(&source, &s), (&target, &g)] {
+        for t in &tables {
+            canonical_on(&side.client, shard, t, key).await?;
+        }
+    }
+    coverage::check(&source.client, &s, kind, &options.unrelated_tables).await?;
+    sequences::check_target(&target.client, &g, &tables).await?;
+    integrity::check_crossings(&source.client, &s, &tables, key, Step::Preflight).await?;
     if let Some(table) = purge::first_table_with_rows(&target.client, &tables, key)
         .await
         .map_err(at_target)?
@@ -302,4 +339,65 @@ pub(crate) async fn preflight(
         target_fence,
     };
     Ok((plan, tables, source, target))
+}
+
+/// Refuses unless the entity's id is canonical for `t`'s key column on `shard`, as the shard's own
+/// rule reads it (`canonical_entity_id`): the mover selects rows by SQL equality, the shard's
+/// check by the key's text, and the two agree only on a canonical id of a key type that can key
+/// an entity. `08842` for a bigint key would move the rows of `8842` and fence `08842`, which no
+/// row's key matches.
+async fn canonical_on(
+    client: &Client,
+    shard: &str,
+    t: &EntityTable,
+    key: &EntityKey,
+) -> Result<(), Error> {
+    let id = &key.entity_id;
+    let canonical: String = match client
+        .query_one(
+            "SELECT shard_directory.canonical_entity_id($1::text::regclass, $2)",
+            &[&t.quoted, id],
+        )
+        .await
+    {
+        Ok(row) => row.get(0),
+        Err(e) if e.as_db_error().is_none() => {
+            return Err(Error::Db {
+                step: Step::Preflight,
+                place: Place::Shard(shard.to_owned()),
+                source: e,
+            })
+        }
+        Err(e) => {
+            let db = e.as_db_error().expect("a server error");
+            let (message, hint) = (db.message().to_owned(), db.hint().map(str::to_owned));
+            return Err(Error::Preflight {
+                problem: format!(
+                    "{key} cannot be moved by table {} on shard {shard}: {message}",
+                    t.name
+                ),
+                fix: hint.unwrap_or_else(|| {
+                    format!(
+                        "the entity id must be a value of the key column {}.{} ({})",
+                        t.name, t.key_column, t.key_type
+                    )
+                }),
+            });
+        }
+    };
+    if &canonical == id {
+        return Ok(());
+    }
+    Err(Error::Preflight {
+        problem: format!(
+            "entity id \"{id}\" of {key} is not canonical for key column {}.{} ({}) on shard \
+             {shard}, which reads it as \"{canonical}\": the rows would move but the fences would \
+             name an id no row's key matches",
+            t.name, t.key_column, t.key_type
+        ),
+        fix: format!(
+            "use the canonical id \"{canonical}\" in the directory (delete the entry and insert \
+             it again with that id)"
+        ),
+    })
 }

@@ -1,6 +1,13 @@
-//! Deleting an entity's rows from one shard, in batches, through the fence bypass: from the source
-//! once the target owns the entity, from the target when a move is aborted. Children before the
-//! tables they reference.
+//! Deleting an entity's rows from one shard, through the fence bypass: from the source once the
+//! target owns the entity, from the target when a move is aborted. Children before the tables
+//! they reference, so no foreign key among the entity's tables is violated or cascades.
+//!
+//! Most tables are cleared in batches. Two kinds are cleared in one transaction: a table that
+//! references itself (a batch could remove a row that rows of a later batch still reference),
+//! and a table another entity's rows could reference (`integrity::crossings`): its rows of the
+//! entity are locked first, so no new reference to them can commit, then the delete goes ahead
+//! only if no other entity's row references them. The mover never deletes, by cascade or
+//! otherwise, a row that is not the entity's.
 
 use shard_directory_client::EntityKey;
 use tokio_postgres::Client;
@@ -8,9 +15,10 @@ use tokio_postgres::Client;
 use crate::catalog::EntityTable;
 use crate::error::{At, Error, Place, Step};
 use crate::fence;
+use crate::integrity;
 
 /// Deletes every row of the entity in `tables` (given parents first), `batch` rows per
-/// transaction; calls `deleted(table, rows so far)` after each batch.
+/// transaction where that is safe; calls `deleted(table, rows so far)` after each transaction.
 pub(crate) async fn delete_rows(
     (client, shard): (&mut Client, &str),
     tables: &[EntityTable],
@@ -20,14 +28,48 @@ pub(crate) async fn delete_rows(
     step: Step,
     mut deleted: impl FnMut(&str, u64),
 ) -> Result<(), Error> {
+    let crossings = integrity::crossings(tables);
     for t in tables.iter().rev() {
         let at = || Place::Table {
             shard: shard.to_owned(),
             table: t.name.clone(),
         };
+        let predicate = t.entity_predicate();
+        let guards: Vec<_> = crossings.iter().filter(|c| c.to.name == t.name).collect();
+        if t.references_itself() || !guards.is_empty() {
+            let tx = client.transaction().await.at(step, at())?;
+            fence::bypass(&tx, key, version).await.at(step, at())?;
+            if !guards.is_empty() {
+                tx.execute(
+                    &format!("SELECT 1 FROM {} WHERE {predicate} FOR UPDATE", t.quoted),
+                    &[&key.entity_id],
+                )
+                .await
+                .at(step, at())?;
+            }
+            for c in guards {
+                let rows = tx
+                    .query(&integrity::referencing_sql(c), &[&key.entity_id])
+                    .await
+                    .at(step, at())?;
+                if !rows.is_empty() {
+                    let rows = rows.iter().map(|r| r.get(0)).collect();
+                    return Err(integrity::crossing_error(c, key, rows));
+                }
+            }
+            let n = tx
+                .execute(
+                    &format!("DELETE FROM {} WHERE {predicate}", t.quoted),
+                    &[&key.entity_id],
+                )
+                .await
+                .at(step, at())?;
+            tx.commit().await.at(step, at())?;
+            deleted(&t.name, n);
+            continue;
+        }
         // The predicate is repeated outside the ctid list: on a partitioned table a ctid names a
         // row in each partition.
-        let predicate = t.entity_predicate();
         let sql = format!(
             "DELETE FROM {table} WHERE {predicate} \
              AND ctid = ANY (ARRAY(SELECT ctid FROM {table} WHERE {predicate} LIMIT $2))",

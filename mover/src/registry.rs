@@ -112,8 +112,20 @@ pub(crate) async fn endpoint(
     })
 }
 
-/// Connects with a bounded connect time and TCP keepalives; `application_name` names the move, so
-/// that an abort can find and end the sessions a crashed run left behind.
+/// What every session of the mover runs with, whatever the server's defaults: the text of a value
+/// (hashed by verification, copied by a text COPY) is then the same on every shard, and names
+/// resolve in `pg_catalog` first, so no object on a user's path runs in the mover's session. The
+/// server side of the connection probes a silent peer every few seconds, so a mover whose host
+/// vanished lets go of its sessions (and the move's lock) within about a minute.
+const SESSION_SETTINGS: &str = "SET TimeZone = 'UTC'; SET DateStyle = 'ISO, YMD'; \
+     SET IntervalStyle = 'postgres'; SET extra_float_digits = 3; SET bytea_output = 'hex'; \
+     SET lc_monetary = 'C'; SET search_path = pg_catalog, pg_temp; \
+     SET tcp_keepalives_idle = 15; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3; \
+     SET client_connection_check_interval = '5s'";
+
+/// Connects with a bounded connect time, TCP keepalives and [`SESSION_SETTINGS`];
+/// `application_name` names the move, so that an abort can find and end the sessions a crashed
+/// run left behind.
 pub(crate) async fn connect(
     config: &Config,
     application_name: &str,
@@ -130,6 +142,7 @@ pub(crate) async fn connect(
             tracing::debug!(error = %e, "connection closed");
         }
     });
+    client.batch_execute(SESSION_SETTINGS).await?;
     Ok(client)
 }
 

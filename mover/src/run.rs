@@ -11,6 +11,7 @@ use crate::copy;
 use crate::entry::{self, Placement};
 use crate::error::{At, Error, Failure, Left, Place, Step};
 use crate::fence::{self, Fence};
+use crate::integrity;
 use crate::logical;
 use crate::mover::Mover;
 use crate::phase::Phase;
@@ -325,7 +326,12 @@ impl<'m> Run<'m> {
                 saved = Instant::now();
             }
             if state.all_ready() {
-                return Ok(());
+                // The copied rows get statistics before the freeze, so that the checks under it
+                // (and the application's queries after the cutover) are planned for them, not for
+                // the empty tables the copy began with.
+                return logical::analyze(&self.target.client, &self.tables)
+                    .await
+                    .at(Step::Sync, self.target.name());
             }
             self.check_sync_timeout(started, "the initial copy of every table")?;
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -479,6 +485,29 @@ impl<'m> Run<'m> {
         record::set_tables(&self.directory, self.id(), &self.record.tables)
             .await
             .at(Step::Record, Place::Directory)?;
+        // No row may join the entity to another one; and logical apply checks no foreign key
+        // (a copy's COPY does), so after it what the moved rows reference must be on the target.
+        within(deadline, limit, Step::Verify, async {
+            integrity::check_crossings(
+                &self.source.client,
+                self.source.name(),
+                &self.tables,
+                &self.key,
+                Step::Verify,
+            )
+            .await?;
+            if self.record.method != Method::Logical {
+                return Ok(());
+            }
+            integrity::check_references_present(
+                &self.target.client,
+                self.target.name(),
+                &self.tables,
+                &self.key,
+            )
+            .await
+        })
+        .await?;
         within(
             deadline,
             limit,

@@ -33,8 +33,8 @@ async fn rows(
     key: &EntityKey,
 ) -> Result<BTreeMap<String, Vec<i64>>, tokio_postgres::Error> {
     let sql = format!(
-        "SELECT {}, hashtextextended(ROW({})::text, 0) FROM {} WHERE {}",
-        t.row_key(),
+        "SELECT {}, hashtextextended(ROW({})::text, 0) FROM {} t WHERE {}",
+        t.row_key_at("t"),
         t.column_list(),
         t.quoted,
         t.entity_predicate()

@@ -7,6 +7,7 @@ use std::ffi::CStr;
 use pgrx::prelude::*;
 
 use super::bypass;
+use super::key::{self, KeyColumn};
 use super::locks;
 use super::state::{self, Fence};
 use super::stats::{self, Counter};
@@ -80,6 +81,7 @@ fn check_request() {
     let request = request();
     check_shard(request.version);
     if let Some(key) = request.entity {
+        state::require_canonical_declared(key);
         check_entity(key, request.version);
     }
 }
@@ -157,8 +159,7 @@ pub fn shard_directory_protect_statement<'a>(trigger: &'a PgTrigger<'a>) -> Trig
 /// triggers and generated columns are what it sees), the shard-wide rule (a write made straight to
 /// a partition has no statement trigger of the parent's), then, when installed with
 /// `(key_column, entity_type)`, the row's entity against its fence, old key and new. A refusal
-/// aborts the statement before it can commit. The key is read through the column type's output
-/// function, so any key type works.
+/// aborts the statement before it can commit.
 #[pg_trigger]
 pub fn shard_directory_protect_row<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     require_name(trigger, ROW_TRIGGER, "shard_directory_protect_row");
@@ -191,15 +192,32 @@ pub fn shard_directory_protect_row<'a>(trigger: &'a PgTrigger<'a>) -> TriggerRes
     }
     let entity_type = entity_type.to_string_lossy();
     let entity_type: &str = &entity_type;
-    // The key as text (the column type's output function, so any key type works), borrowed: it
-    // lives in the trigger's memory context, and the check allocates nothing unless it refuses
-    // (or the text is not UTF-8).
+    // The key's text is its type's output (so any supported key type works), read in the form
+    // its equality compares (char(n) without its padding), borrowed: it lives in the trigger's
+    // memory context, and the check allocates nothing unless it refuses. A column altered since
+    // `protect` to a type that cannot key an entity is refused here.
+    let attr = unsafe { &*(*tupdesc).attrs.as_ptr().add(attno as usize - 1) };
+    let form =
+        key::builtin_form(attr.atttypid, attr.atttypmod, attr.attcollation).unwrap_or_else(|| {
+            key::require_form(&KeyColumn {
+                name: format!(
+                    "{}.{}",
+                    catalog::relation_name(unsafe { (*data.tg_relation).rd_id }),
+                    key_column.to_string_lossy()
+                ),
+                typoid: attr.atttypid,
+                typmod: attr.atttypmod,
+                collation: attr.attcollation,
+            })
+        });
     let id_of = |tuple: *mut pg_sys::HeapTupleData| -> Option<Cow<'_, str>> {
         if tuple.is_null() {
             return None;
         }
         let value = unsafe { pg_sys::SPI_getvalue(tuple, tupdesc, attno) };
-        (!value.is_null()).then(|| unsafe { CStr::from_ptr(value) }.to_string_lossy())
+        (!value.is_null()).then(|| {
+            String::from_utf8_lossy(form.text(unsafe { CStr::from_ptr(value) }.to_bytes()))
+        })
     };
     let fired_for_update =
         data.tg_event & pg_sys::TRIGGER_EVENT_OPMASK == pg_sys::TRIGGER_EVENT_UPDATE;

@@ -7,6 +7,7 @@
 
 use pgrx::prelude::*;
 
+use super::key;
 use super::locks;
 use super::state;
 use crate::entity::EntityKey;
@@ -44,8 +45,14 @@ fn raise_min_accepted(v: Option<i64>) -> i64 {
     v
 }
 
-/// Upserts the entity's fence; the row trigger takes the entity's exclusive lock.
+/// Upserts the entity's fence; the row trigger takes the entity's exclusive lock. The id must be
+/// canonical for the key columns of its type's protected tables, or its rows' keys, which always
+/// are, would never find the fence.
 fn set_fence(key: EntityKey, fence_state: &str, min_version: Option<i64>, moved_to: Option<&str>) {
+    let columns = privilege::as_owner_of(state::tables().settings, || {
+        key::columns_of(&key.entity_type)
+    });
+    key::require_canonical(&key.entity_type, &key.entity_id, &columns);
     write(
         "set fence",
         "INSERT INTO shard_directory.shard_fences AS f (entity_type, entity_id, state, min_version, moved_to) \

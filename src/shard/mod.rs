@@ -1,15 +1,19 @@
 //! Shard role: refuse work routed with an outdated view of the directory.
 //!
-//! `check` is the rule (shard-wide `min_accepted`, then the entity's fence); `locks` closes the
+//! `check` is the rule (shard-wide `min_accepted`, then the entity's fence); `key` says which
+//! column types may key an entity and the one text form of a key; `locks` closes the
 //! gap between a check and a fence; `state` caches `min_accepted` and fences per backend, kept
 //! exactly as fresh as a query would be; `fences` and `protect` are the DBA's functions;
-//! `bypass` is the mover's one way through a fence; `stats` counts rejections.
+//! `bypass` is the mover's one way through a fence; `sequences` advances a target's sequence
+//! past the source's, never backwards; `stats` counts rejections.
 
 pub(crate) mod bypass;
 pub(crate) mod check;
 pub(crate) mod fences;
+mod key;
 mod locks;
 mod protect;
+mod sequences;
 mod state;
 pub mod stats;
 

@@ -5,12 +5,14 @@
 //! owner of the extension's tables, after checking that the caller holds TRIGGER on the table
 //! (what `CREATE TRIGGER` itself asks). A partitioned table's row trigger is cloned by PostgreSQL
 //! onto every partition, present and future; the statement trigger (which also refuses TRUNCATE)
-//! is installed on each present partition.
+//! is installed on each present partition. A key column's type must be one that can key an
+//! entity (`key`).
 
 use pgrx::prelude::*;
 use pgrx::PgRelation;
 
 use super::check::{ROW_TRIGGER, STATEMENT_TRIGGER};
+use super::key;
 use super::state;
 use crate::error::{required, spi, SdError};
 use crate::{catalog, privilege};
@@ -55,6 +57,8 @@ fn as_protector(table: &PgRelation, f: impl FnOnce(pg_sys::Oid)) {
         .raise();
     }
     privilege::as_owner_of(state::tables().settings, || f(oid));
+    // Every backend's cache of the fences holds the key columns of each fenced type.
+    state::protection_changed();
 }
 
 /// Drops the triggers `protect` made on the table and its partitions (not the clones, which go
@@ -86,21 +90,15 @@ fn install(oid: pg_sys::Oid, rows: Option<(&str, &str)>) {
         &[oid.into(), STATEMENT_TRIGGER.to_str().unwrap_or_default().into()],
     );
     if let Some((key_column, _)) = rows {
-        let exists = spi(
-            "look up key column",
-            Spi::get_one_with_args::<bool>(
-                "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute \
-                 WHERE attrelid = $1 AND attname = $2 AND attnum > 0 AND NOT attisdropped)",
-                &[oid.into(), key_column.into()],
-            ),
-        )
-        .unwrap_or(false);
-        if !exists {
-            SdError::UnknownColumn {
+        match key::column(oid, key_column) {
+            Some(column) => {
+                key::require_form(&column);
+            }
+            None => SdError::UnknownColumn {
                 table: catalog::relation_name(oid),
                 column: key_column.to_owned(),
             }
-            .raise();
+            .raise(),
         }
     }
     let partitioned = spi(

@@ -9,13 +9,14 @@
 //! the lock wait).
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::CStr;
 use std::rc::Rc;
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
+use super::key::{self, KeyColumn};
 use crate::entity::{EntityKey, EntityRef};
 use crate::error::{spi, SdError};
 use crate::{catalog, privilege};
@@ -27,8 +28,23 @@ pub enum Fence {
     Moved { moved_to: String, version: i64 },
 }
 
-/// Fences by entity type, then entity id: looked up with borrowed strings.
-type Fences = HashMap<String, HashMap<String, Fence>>;
+/// The fences of one entity type, and what a declared id of that type is checked against.
+#[derive(Default)]
+struct TypeFences {
+    /// By entity id: looked up with borrowed strings.
+    by_id: HashMap<String, Fence>,
+    /// The key columns of the type's protected tables: a declared id must be canonical for them,
+    /// or it could miss the fence its rows' keys find.
+    keys: Vec<KeyColumn>,
+    /// Declared ids already found canonical (bounded; emptied with the cache).
+    canonical: RefCell<HashSet<String>>,
+}
+
+/// Fences by entity type.
+type Fences = HashMap<String, TypeFences>;
+
+/// How many canonical declared ids a backend remembers per entity type before it starts over.
+const CANONICAL_MEMO: usize = 4096;
 
 #[derive(Clone, Copy)]
 pub struct Tables {
@@ -93,6 +109,12 @@ pub fn tables() -> Tables {
     WATCHED.set((t.settings, t.fences));
     with_cache(|c| c.tables = Some(t));
     t
+}
+
+/// Tables were protected or unprotected: every backend forgets its fences (which hold the key
+/// columns of each fenced type) when this transaction commits.
+pub fn protection_changed() {
+    unsafe { pg_sys::CacheInvalidateRelcacheByRelid(tables().fences) };
 }
 
 /// Runs a query under the latest committed snapshot, as the owner of the extension's tables (the
@@ -179,13 +201,36 @@ pub fn min_accepted() -> i64 {
 
 /// The entity's fence on this shard, if any. Call with the check's lock held.
 pub fn fence(key: EntityRef<'_>) -> Option<Fence> {
-    fences().get(key.entity_type)?.get(key.entity_id).cloned()
+    fences()
+        .get(key.entity_type)?
+        .by_id
+        .get(key.entity_id)
+        .cloned()
+}
+
+/// Refuses an id a client declared (`app.entity_id`) that is not canonical for the key columns of
+/// its type, when that type has fences here: `08842` would miss the fence of `8842`, whose rows
+/// it reads. Types without fences have nothing such an id could miss.
+pub fn require_canonical_declared(key: EntityRef<'_>) {
+    let all = fences();
+    let Some(of_type) = all.get(key.entity_type) else {
+        return;
+    };
+    if of_type.canonical.borrow().contains(key.entity_id) {
+        return;
+    }
+    key::require_canonical(key.entity_type, key.entity_id, &of_type.keys);
+    let mut memo = of_type.canonical.borrow_mut();
+    if memo.len() >= CANONICAL_MEMO {
+        memo.clear();
+    }
+    memo.insert(key.entity_id.to_owned());
 }
 
 /// An entity of `entity_type` fenced frozen (first) or moved, if there is one.
 pub fn frozen_or_moved(entity_type: &str) -> Option<(EntityKey, &'static str)> {
     let all = fences();
-    let of_type = all.get(entity_type)?;
+    let of_type = &all.get(entity_type)?.by_id;
     let first = |wanted: fn(&Fence) -> bool| {
         of_type
             .iter()
@@ -224,7 +269,12 @@ fn fences() -> Rc<Fences> {
                 fences
                     .entry(row[0].clone().unwrap_or_default())
                     .or_default()
+                    .by_id
                     .insert(row[1].clone().unwrap_or_default(), fence);
+            }
+            for (entity_type, of_type) in fences.iter_mut() {
+                of_type.keys =
+                    privilege::as_owner_of(tables().settings, || key::columns_of(entity_type));
             }
             Rc::new(fences)
         },

@@ -61,13 +61,20 @@ impl Topology {
 
     /// A directory and `n` shards, `shard_1` .. `shard_n`.
     pub async fn with_shards(name: &str, n: usize) -> Topology {
+        Topology::configured(name, &vec![&[][..]; n]).await
+    }
+
+    /// A directory and a shard per entry of `settings` (`shard_1`, ...), each run with
+    /// [`SHARD_SETTINGS`] and its own entry's (a shard in another TimeZone, say).
+    pub async fn configured(name: &str, settings: &[&[(&str, &str)]]) -> Topology {
         let directory = Cluster::start(&format!("{name}-dir"), DIRECTORY_SETTINGS);
         directory.create_database_with_extension(DIRECTORY_DB).await;
         let dba = directory.connect(DIRECTORY_DB).await;
         let mut shards = Vec::new();
-        for i in 1..=n {
-            let shard = format!("shard_{i}");
-            let cluster = Cluster::start(&format!("{name}-{shard}"), SHARD_SETTINGS);
+        for (i, own) in settings.iter().enumerate() {
+            let shard = format!("shard_{}", i + 1);
+            let all: Vec<_> = SHARD_SETTINGS.iter().chain(own.iter()).copied().collect();
+            let cluster = Cluster::start(&format!("{name}-{shard}"), &all);
             cluster.create_database_with_extension(SHARD_DB).await;
             cluster
                 .connect(SHARD_DB)
@@ -152,17 +159,38 @@ impl Topology {
 
     /// Adds a tenant on `shard`; returns the new directory version.
     pub async fn add_tenant(&self, id: &str, shard: &str) -> i64 {
+        self.add_entity("tenant", id, shard).await
+    }
+
+    /// Adds an entity of `entity_type` on `shard`; returns the new directory version.
+    pub async fn add_entity(&self, entity_type: &str, id: &str, shard: &str) -> i64 {
         let dba = self.dba().await;
         dba.execute(
-            "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) VALUES ('tenant', $1, $2)",
-            &[&id, &shard],
+            "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) VALUES ($1, $2, $3)",
+            &[&entity_type, &id, &shard],
         )
         .await
-        .expect("add tenant");
+        .expect("add entity");
         dba.query_one("SELECT shard_directory.current_version()", &[])
             .await
             .unwrap()
             .get(0)
+    }
+
+    /// Runs `sql` on `shard` in one transaction stamped with the current directory version, as
+    /// a client routed by an up-to-date directory would.
+    pub async fn write_as_client(
+        &self,
+        shard: &str,
+        sql: &str,
+    ) -> Result<(), tokio_postgres::Error> {
+        let version = self.step("SELECT shard_directory.current_version()").await;
+        self.shard(shard)
+            .await
+            .batch_execute(&format!(
+                "BEGIN; SELECT set_config('app.directory_version', '{version}', true); {sql}; COMMIT"
+            ))
+            .await
     }
 
     /// A mover over this topology's directory.
@@ -210,6 +238,21 @@ impl Topology {
         .expect("seed rows");
         tx.commit().await.unwrap();
         (1..=orders).map(|g| format!("seed {id} {g}")).collect()
+    }
+
+    /// `(shard_name, state)` of an entity's entry.
+    pub async fn entry(&self, entity_type: &str, id: &str) -> (String, String) {
+        let r = self
+            .dba()
+            .await
+            .query_one(
+                "SELECT shard_name, state FROM shard_directory.shard_directory \
+                 WHERE entity_type = $1 AND entity_id = $2",
+                &[&entity_type, &id],
+            )
+            .await
+            .expect("the entity's entry");
+        (r.get(0), r.get(1))
     }
 
     /// The shard the directory names for tenant `id`.

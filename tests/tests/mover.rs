@@ -48,17 +48,7 @@ async fn fence_of(t: &Topology, shard: &str, id: &str) -> Option<String> {
 
 /// `(shard_name, state)` of the tenant's entry.
 async fn entry(t: &Topology, id: &str) -> (String, String) {
-    let r = t
-        .dba()
-        .await
-        .query_one(
-            "SELECT shard_name, state FROM shard_directory.shard_directory \
-             WHERE entity_type = 'tenant' AND entity_id = $1",
-            &[&id],
-        )
-        .await
-        .unwrap();
-    (r.get(0), r.get(1))
+    t.entry("tenant", id).await
 }
 
 /// Publications, slots and subscriptions named like a move's, on every shard.
@@ -714,9 +704,9 @@ async fn preflight_refuses_what_cannot_work_names_the_table_and_the_fix_and_chan
         MethodChoice::Logical,
         "shard_3",
         &[
-            "table public.orders on source shard shard_1: its replica identity does not include \
-             the key column tenant_id",
-            "REPLICA IDENTITY FULL",
+            "table public.orders on source shard shard_1: the replica identity of public.orders \
+             does not include the key column tenant_id",
+            "ALTER TABLE public.orders REPLICA IDENTITY USING INDEX public.orders_pkey",
         ],
     )
     .await;

@@ -419,3 +419,121 @@ async fn stats_count_rejections_across_backends_when_preloaded() {
     ];
     assert_eq!(stats, expected.map(|(r, n)| (r.to_owned(), n)).to_vec());
 }
+
+#[tokio::test]
+async fn advancing_a_sequence_waits_for_nextval_in_flight_and_never_goes_back() {
+    let cluster = Cluster::start("advance", &[]);
+    let (a, b) = (shard(&cluster, "app").await, cluster.connect("app").await);
+    a.batch_execute("CREATE SEQUENCE ids").await.unwrap();
+    let advance = |past: i64| format!("SELECT shard_directory.advance_sequence('ids', {past})");
+    // A transaction that took a value and is still open: the advance waits for it.
+    b.batch_execute("BEGIN; SELECT nextval('ids')")
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let sql = advance(100);
+        async move {
+            let c = a;
+            let last: i64 = c.query_one(&sql, &[]).await.unwrap().get(0);
+            (c, last)
+        }
+    });
+    let observer = cluster.connect("app").await;
+    let waiting: i32 = eventually("the advance to wait", DEADLINE, || async {
+        observer
+            .query_opt(
+                "SELECT pid FROM pg_stat_activity WHERE query LIKE '%advance_sequence%' \
+                 AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .map(|r| r.get(0))
+    })
+    .await;
+    blocked_on(
+        &observer,
+        waiting,
+        ANY_LOCK,
+        "the advance to wait for nextval",
+    )
+    .await;
+    b.batch_execute("COMMIT").await.unwrap();
+    let (a, last) = waiter.await.unwrap();
+    assert_eq!(last, 100);
+    let next: i64 = b
+        .query_one("SELECT nextval('ids')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(next, 101);
+    // While an advance holds the sequence, nextval waits for it, so none can slip in between its
+    // read and its set.
+    a.batch_execute(&format!("BEGIN; {}", advance(500)))
+        .await
+        .unwrap();
+    let b_pid = pid(&b).await;
+    let taking = tokio::spawn(async move {
+        let v: i64 = b
+            .query_one("SELECT nextval('ids')", &[])
+            .await
+            .unwrap()
+            .get(0);
+        v
+    });
+    blocked_on(
+        &observer,
+        b_pid,
+        ANY_LOCK,
+        "nextval to wait for the advance",
+    )
+    .await;
+    a.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(taking.await.unwrap(), 501);
+    // Never backwards, and only for a role that may set it.
+    let last: i64 = a.query_one(&advance(10), &[]).await.unwrap().get(0);
+    assert_eq!(last, 501);
+    a.batch_execute(
+        "CREATE ROLE sd_reader; GRANT USAGE ON SCHEMA shard_directory TO sd_reader; \
+         GRANT EXECUTE ON FUNCTION shard_directory.advance_sequence(regclass, bigint) TO sd_reader; \
+         GRANT SELECT ON SEQUENCE ids TO sd_reader; SET ROLE sd_reader",
+    )
+    .await
+    .unwrap();
+    let e = a.query_one(&advance(1000), &[]).await.unwrap_err();
+    assert_eq!(e.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE), "{e:?}");
+}
+
+#[tokio::test]
+async fn the_extension_refuses_a_database_that_is_not_utf8() {
+    let cluster = Cluster::start("latin1", &[]);
+    let admin = cluster.connect("postgres").await;
+    admin
+        .batch_execute("CREATE DATABASE latin ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+        .await
+        .unwrap();
+    let e = cluster
+        .connect("latin")
+        .await
+        .batch_execute("CREATE EXTENSION shard_directory")
+        .await
+        .unwrap_err();
+    let db = e.as_db_error().expect("a server error");
+    assert_eq!(db.code(), &SqlState::FEATURE_NOT_SUPPORTED);
+    assert!(
+        db.message().contains("UTF8") && db.message().contains("LATIN1"),
+        "{}",
+        db.message()
+    );
+    let installed: i64 = cluster
+        .connect("latin")
+        .await
+        .query_one(
+            "SELECT count(*) FROM pg_extension WHERE extname = 'shard_directory'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(installed, 0);
+}

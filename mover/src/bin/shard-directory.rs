@@ -62,6 +62,10 @@ enum Command {
         /// Check everything and print the plan; change nothing.
         #[arg(long)]
         dry_run: bool,
+        /// A table (schema.table) whose column named like the key does not hold entity ids
+        /// (repeatable); preflight otherwise refuses to move while it is not protected.
+        #[arg(long = "unrelated-table", value_name = "TABLE")]
+        unrelated_tables: Vec<String>,
     },
     /// Continue a move from where it stopped.
     Resume { move_id: i64 },
@@ -237,9 +241,11 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
         method,
         max_freeze,
         keep_source,
+        unrelated_tables,
         ..
     } = &cli.command
     {
+        options.unrelated_tables = unrelated_tables.clone();
         options.method = match method {
             MethodArg::Auto => MethodChoice::Auto,
             MethodArg::Logical => MethodChoice::Logical,
