@@ -116,6 +116,7 @@ CREATE TABLE shard_moves (
     catchup_lsn       pg_lsn,     -- source WAL insert position taken after the freeze committed
     confirmed_lsn     pg_lsn,     -- the slot's confirmed position once it passed catchup_lsn
     freeze_started_at timestamptz,
+    freeze_lease_until timestamptz, -- when a freeze no mover ended may be released (directory clock)
     max_freeze_seen   interval,
     last_error        text,
     started_by        text        NOT NULL DEFAULT current_user,

@@ -17,6 +17,9 @@ CREATE TABLE shard_fences (
     min_version  bigint      NOT NULL DEFAULT 0 CHECK (min_version >= 0),
     moved_to     text,
     updated_at   timestamptz NOT NULL DEFAULT now(),
+    -- a frozen fence's lease: past it the fence governs as owned (min_version)
+    lease_until  timestamptz CONSTRAINT shard_fences_lease_is_frozen
+                             CHECK (lease_until IS NULL OR state = 'frozen'),
     PRIMARY KEY (entity_type, entity_id),
     CHECK ((state = 'moved') = (moved_to IS NOT NULL))
 );

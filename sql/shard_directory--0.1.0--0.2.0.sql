@@ -41,6 +41,7 @@ CREATE TABLE shard_moves (
     catchup_lsn       pg_lsn,     -- source WAL insert position taken after the freeze committed
     confirmed_lsn     pg_lsn,     -- the slot's confirmed position once it passed catchup_lsn
     freeze_started_at timestamptz,
+    freeze_lease_until timestamptz, -- when a freeze no mover ended may be released (directory clock)
     max_freeze_seen   interval,
     last_error        text,
     started_by        text        NOT NULL DEFAULT current_user,
@@ -185,6 +186,30 @@ CREATE EVENT TRIGGER shard_directory_protect_partitions ON ddl_command_end
     WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE')
     EXECUTE FUNCTION protect_new_partitions();
 
+-- A frozen fence's lease (src/shard/state.rs).
+ALTER TABLE shard_fences ADD COLUMN lease_until timestamptz CONSTRAINT shard_fences_lease_is_frozen
+    CHECK (lease_until IS NULL OR state = 'frozen');
+
+-- A freeze for a lease only (src/shard/fences.rs).
+CREATE FUNCTION "fence_frozen"(
+	"entity_type" TEXT,
+	"entity_id" TEXT,
+	"lease" interval,
+	"freeze_version" bigint
+) RETURNS void
+VOLATILE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'fence_frozen_for_wrapper';
+
+-- A freeze whose lease ran out with no cutover, released (src/directory/moves.rs).
+CREATE FUNCTION "release_expired_freeze"(
+	"entity_type" TEXT,
+	"entity_id" TEXT
+) RETURNS bigint
+VOLATILE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'release_expired_freeze_wrapper';
+
 -- The canonical text of an entity id as a key of a protected table (src/shard/key.rs).
 CREATE FUNCTION "canonical_entity_id"(
 	"tbl" regclass,
@@ -220,12 +245,14 @@ REVOKE EXECUTE ON FUNCTION
     raise_min_accepted(bigint),
     fence_owned(text, text, bigint),
     fence_frozen(text, text),
+    fence_frozen(text, text, interval, bigint),
     fence_moved(text, text, text, bigint),
     unfence(text, text),
     protect(regclass),
     protect(regclass, text, text),
     unprotect(regclass),
     purge_history(timestamptz),
+    release_expired_freeze(text, text),
     bypass_fence(text, text),
     advance_sequence(regclass, bigint),
     changes_since(bigint, integer)

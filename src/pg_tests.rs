@@ -559,6 +559,107 @@ mod tests {
         );
     }
 
+    /// A move record of tenant 1, `phase`, whose freeze lease ends `lease` from now.
+    fn move_record(phase: &str, lease: &str) -> i64 {
+        one(&format!(
+            "INSERT INTO shard_directory.shard_moves (entity_type, entity_id, source_shard, \
+                 target_shard, method, phase, max_freeze, source_fence, target_fence, freeze_lease_until) \
+             VALUES ('tenant', '1', 'shard_1', 'shard_2', 'copy', '{phase}', '10s', \
+                     '{{\"state\":\"none\"}}', '{{\"state\":\"none\"}}', clock_timestamp() + '{lease}') \
+             RETURNING move_id"
+        ))
+    }
+
+    #[pg_test]
+    fn a_freeze_whose_lease_ended_before_its_cutover_is_released_and_no_other() {
+        setup();
+        Spi::run(
+            "SELECT shard_directory.begin_move('tenant', '1', 'shard_2'); \
+             SELECT shard_directory.freeze('tenant', '1')",
+        )
+        .unwrap();
+        let frozen = entry("1");
+        let release = "SELECT shard_directory.release_expired_freeze('tenant', '1')";
+        let id = move_record("verified", "1 hour");
+        assert_eq!(
+            Spi::get_one::<i64>(release).unwrap(),
+            None,
+            "the lease runs"
+        );
+        assert_eq!(entry("1"), frozen);
+        Spi::run_with_args(
+            "UPDATE shard_directory.shard_moves SET freeze_lease_until = clock_timestamp() - interval '1 ms', \
+             phase = 'cutover' WHERE move_id = $1",
+            &[id.into()],
+        )
+        .unwrap();
+        assert_eq!(
+            Spi::get_one::<i64>(release).unwrap(),
+            None,
+            "past its cutover"
+        );
+        Spi::run_with_args(
+            "UPDATE shard_directory.shard_moves SET phase = 'frozen' WHERE move_id = $1",
+            &[id.into()],
+        )
+        .unwrap();
+        let v: i64 = one(release);
+        assert_eq!(entry("1"), format!("active|shard_1|-|{v}"));
+        assert_eq!(
+            one::<String>(&format!(
+                "SELECT phase || ': ' || last_error FROM shard_directory.shard_moves WHERE move_id = {id}"
+            ))
+            .split(" ended at ")
+            .next(),
+            Some("aborting: the freeze's lease")
+        );
+        assert_eq!(Spi::get_one::<i64>(release).unwrap(), None, "released once");
+        // Routers may be granted it; they need nothing else.
+        Spi::run(
+            "CREATE ROLE sd_router; GRANT USAGE ON SCHEMA shard_directory TO sd_router; \
+             SET LOCAL ROLE sd_router",
+        )
+        .unwrap();
+        assert_eq!(refusal(release).code, ERRCODE_INSUFFICIENT_PRIVILEGE);
+    }
+
+    #[pg_test]
+    fn a_leased_freeze_ends_by_itself_and_then_admits_only_clients_past_the_freeze() {
+        Spi::run(
+            "CREATE TABLE orders (tenant_id int, item text); \
+             SELECT shard_directory.protect('orders', 'tenant_id', 'tenant'); \
+             SELECT shard_directory.fence_frozen('tenant', '7', interval '200 ms', 41)",
+        )
+        .unwrap();
+        client("100");
+        entity("7");
+        assert_eq!(json(refusal(CHECK).detail)["reason"], "frozen");
+        assert_eq!(
+            refusal("TRUNCATE orders").code,
+            ERRCODE_T_R_SERIALIZATION_FAILURE,
+            "frozen while leased"
+        );
+        Spi::run("SELECT pg_sleep(0.25)").unwrap();
+        client("41");
+        let r = refusal("INSERT INTO orders VALUES (7, 'stale')");
+        assert_eq!(
+            (r.code, json(r.detail)["min_version"].as_i64()),
+            (ERRCODE_T_R_SERIALIZATION_FAILURE, Some(42)),
+            "{}",
+            r.message
+        );
+        client("42");
+        Spi::run(&format!(
+            "{CHECK}; INSERT INTO orders VALUES (7, 'after the release')"
+        ))
+        .unwrap();
+        Spi::run("TRUNCATE orders").unwrap();
+        assert_eq!(
+            refusal("SELECT shard_directory.fence_frozen('tenant', '7', NULL, 41)").code,
+            ERRCODE_NULL_VALUE_NOT_ALLOWED
+        );
+    }
+
     #[pg_test]
     fn maintenance_freeze_and_release() {
         setup();

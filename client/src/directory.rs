@@ -142,6 +142,9 @@ pub(crate) fn adopt_lower(cache: &Cache, counters: &Counters, known: i64, versio
 #[cfg(feature = "test-hooks")]
 pub type FillHook = Arc<dyn Fn() -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>;
 
+/// How often one instance asks the directory to release an entity it keeps finding read-only.
+const RELEASE_ASKED_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 struct Inner {
     cache: Arc<Cache>,
     watch: Arc<Watch>,
@@ -151,6 +154,8 @@ struct Inner {
     /// The misses being filled, by key: a miss for a key already being filled waits for that
     /// fill and reads what it cached (one directory query per key at a time).
     inflight: Mutex<HashMap<EntityKey, Weak<tokio::sync::Mutex<()>>>>,
+    /// When this instance last asked the directory to release each entity it found read-only.
+    release_asked: Mutex<HashMap<EntityKey, std::time::Instant>>,
     _watcher: AbortOnDrop,
     #[cfg(feature = "redis")]
     shared: Option<crate::shared_cache::SharedCache>,
@@ -242,6 +247,7 @@ impl Directory {
                 store,
                 policy: settings.policy,
                 inflight: Mutex::default(),
+                release_asked: Mutex::default(),
                 _watcher: task,
                 #[cfg(feature = "redis")]
                 shared,
@@ -483,6 +489,36 @@ impl Directory {
     /// This client's counters.
     pub fn stats(&self) -> Stats {
         self.inner.counters.snapshot()
+    }
+
+    /// For an entity found read-only: asks the directory (at most once a second per entity) to
+    /// release it if its freeze's lease has ended with no cutover, as when its mover vanished
+    /// mid-freeze; learns the release when there was one. Returns whether it was released.
+    pub(crate) async fn release_if_expired(&self, key: &EntityKey) -> bool {
+        let now = std::time::Instant::now();
+        {
+            let mut asked = self.inner.release_asked.lock().expect("release lock");
+            if asked
+                .get(key)
+                .is_some_and(|t| now.duration_since(*t) < RELEASE_ASKED_EVERY)
+            {
+                return false;
+            }
+            asked.retain(|_, t| now.duration_since(*t) < RELEASE_ASKED_EVERY);
+            asked.insert(key.clone(), now);
+        }
+        match self.inner.store.release_expired_freeze(key).await {
+            Ok(Some(version)) => {
+                tracing::warn!(entity = %key, version, "released an entity whose freeze's lease \
+                    ended before its cutover (its mover stopped)");
+                self.refresh().await.is_ok()
+            }
+            Ok(None) => false,
+            Err(e) => {
+                tracing::debug!(entity = %key, error = %e, "could not ask to release a freeze");
+                false
+            }
+        }
     }
 
     pub(crate) fn counters(&self) -> &Counters {

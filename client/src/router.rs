@@ -349,8 +349,9 @@ impl Router {
     /// sets `app.directory_version`, `app.entity_type` and `app.entity_id` and runs the shard's
     /// check (one statement); when the shard refuses it with 40001 (there, or in the closure) the
     /// whole closure is re-run on a refreshed route until [`RetryPolicy::deadline`]. While the
-    /// entity is `read_only` no round trip is made: the write waits (with backoff) for the freeze
-    /// to end, and past the deadline fails with [`Error::ReadOnly`]. The closure returns the
+    /// entity is `read_only` no round trip is made to its shard: the write waits (with backoff)
+    /// for the freeze to end, asking the directory once a second to end a freeze whose lease has
+    /// run out (its mover vanished), and past the deadline fails with [`Error::ReadOnly`]. The closure returns the
     /// caller's own error type; an `Err` rolls the transaction back and is returned as it is.
     ///
     /// The future is `Send` (it can be spawned) when the closure owns what it uses
@@ -472,7 +473,11 @@ impl Router {
                 }
                 Err(Attempt::ReadOnly) => {
                     counters.retried();
-                    tokio::time::sleep(backoff).await;
+                    // A freeze whose mover vanished ends with its lease: the directory is asked
+                    // to release it, and when it does, the write goes ahead at once.
+                    if !self.directory.release_if_expired(key).await {
+                        tokio::time::sleep(backoff).await;
+                    }
                     continue;
                 }
                 Err(Attempt::Refused(rejection, source)) => (rejection, source),

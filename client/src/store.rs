@@ -70,18 +70,28 @@ impl Changes {
     /// Whether `e` says `changes_since()` cannot be used here (an extension older than 0.2.0,
     /// or a role not granted EXECUTE on it); says so once.
     pub fn unavailable(e: &tokio_postgres::Error) -> bool {
+        Changes::unavailable_as(e, "changes_since")
+    }
+
+    /// Whether `e` says `function` cannot be used here; says so once per function.
+    pub fn unavailable_as(e: &tokio_postgres::Error, function: &'static str) -> bool {
         use tokio_postgres::error::SqlState;
         let unavailable = e.code().is_some_and(|c| {
             *c == SqlState::UNDEFINED_FUNCTION || *c == SqlState::INSUFFICIENT_PRIVILEGE
         });
         if unavailable {
-            static WARNED: std::sync::Once = std::sync::Once::new();
-            WARNED.call_once(|| {
-                tracing::warn!(error = %e, "shard_directory.changes_since() is not available \
-                    (GRANT EXECUTE ON FUNCTION shard_directory.changes_since TO this role, or \
-                    ALTER EXTENSION shard_directory UPDATE): every directory change flushes the \
-                    whole cache");
-            });
+            static WARNED: std::sync::Mutex<Vec<&str>> = std::sync::Mutex::new(Vec::new());
+            let mut warned = WARNED.lock().expect("warned lock");
+            if !warned.contains(&function) {
+                warned.push(function);
+                let without = match function {
+                    "changes_since" => "every directory change flushes the whole cache",
+                    _ => "a freeze no mover ends stays until an operator aborts its move",
+                };
+                tracing::warn!(error = %e, "shard_directory.{function}() is not available \
+                    (GRANT EXECUTE ON FUNCTION shard_directory.{function} TO this role, or \
+                    ALTER EXTENSION shard_directory UPDATE): {without}");
+            }
         }
         unavailable
     }
@@ -211,6 +221,25 @@ impl Store {
             )
             .await?;
         Ok(rows.first().and_then(|r| r.get(0)))
+    }
+
+    /// Releases `key` from a freeze whose lease ended with no cutover (`release_expired_freeze`):
+    /// the new version, or `None` when there was nothing to release. A directory that cannot
+    /// (older than 0.2.0, or this role not granted it) answers `None` too, said once.
+    pub async fn release_expired_freeze(&self, key: &EntityKey) -> Result<Option<i64>> {
+        let released = self
+            .query_one(
+                "SELECT shard_directory.release_expired_freeze($1, $2)",
+                [(&key.entity_type, Type::TEXT), (&key.entity_id, Type::TEXT)],
+            )
+            .await;
+        match released {
+            Ok(row) => Ok(row.get(0)),
+            Err(Error::Directory(e)) if Changes::unavailable_as(&e, "release_expired_freeze") => {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// The global version, and how long ago it changed.

@@ -153,8 +153,51 @@ pub enum Error {
         why: String,
     },
     /// Another process holds the move.
-    #[error("move {0} is being run by another process (its session holds the move's lock)")]
-    Busy(i64),
+    #[error(
+        "move {move_id} is being run by another process: {holder} holds the move's lock \
+         (a process that vanished lets go of it within about a minute)"
+    )]
+    Busy { move_id: i64, holder: String },
+    /// The freeze's lease ran out before the cutover: the entity may already have been
+    /// released, so the cutover is not made.
+    #[error(
+        "cutover: the freeze's lease (--max-freeze plus --lease-grace) ended before the \
+         cutover; the move is undone rather than cut over late"
+    )]
+    LeaseExpired,
+    /// Waiting behind other transactions for something that needs them to end.
+    #[error(
+        "{step}: shard {shard}: {what} waited {} for transactions in progress: {blockers}\n  \
+         fix: let them finish, or end them (pg_terminate_backend(pid)), and resume",
+        humantime::format_duration(*.waited)
+    )]
+    Blocked {
+        step: Step,
+        shard: String,
+        what: String,
+        waited: Duration,
+        blockers: String,
+    },
+    /// The move's replication slot keeps more WAL on the source than allowed.
+    #[error(
+        "{step}: slot {name} on shard {shard} retains {retained} bytes of WAL, more than \
+         --max-slot-lag ({limit} bytes): the move is undone before the source's disk fills \
+         (see also max_slot_wal_keep_size)"
+    )]
+    SlotLag {
+        step: Step,
+        name: String,
+        shard: String,
+        retained: i64,
+        limit: i64,
+    },
+    /// A shard the step needs could not be reached.
+    #[error("{step}: shard {shard} is unreachable: {cause}")]
+    Unreachable {
+        step: Step,
+        shard: String,
+        cause: String,
+    },
     #[error("no move with id {0} in shard_directory.shard_moves")]
     UnknownMove(i64),
     /// Bad configuration: a connection string, the TOML file.
@@ -207,6 +250,9 @@ pub enum Left {
     Untouched,
     /// The move was aborted: the entity is active and writable on its source.
     Aborted,
+    /// The entity is active and writable on its source again, but cleaning the target did not
+    /// finish: `abort` finishes it.
+    Released,
     /// The move stopped where it was; `resume` continues it (and `abort` undoes it, before the
     /// cutover).
     Resumable,
@@ -218,6 +264,8 @@ pub struct Failure {
     pub move_id: Option<i64>,
     pub error: Error,
     pub left: Left,
+    /// Where the move's record stands, as far as the mover could read it.
+    pub phase: Option<Phase>,
     /// When an automatic abort was tried and failed too.
     pub abort_error: Option<Error>,
 }
@@ -230,10 +278,20 @@ impl fmt::Display for Failure {
                 f,
                 "\nmove {id} was aborted: the entity is active and writable on its source shard"
             )?,
-            (Left::Resumable, Some(id)) => write!(
+            (Left::Released, Some(id)) => write!(
+                f,
+                "\nmove {id}: the entity is active and writable on its source shard again, but \
+                 its target is not cleaned up yet: `shard-directory abort {id}` finishes that"
+            )?,
+            (Left::Resumable, Some(id)) if self.phase.is_none_or(Phase::can_abort) => write!(
                 f,
                 "\nmove {id} is left resumable: `shard-directory resume {id}` continues it, \
-                 `shard-directory abort {id}` undoes it (before its cutover)"
+                 `shard-directory abort {id}` undoes it"
+            )?,
+            (Left::Resumable, Some(id)) => write!(
+                f,
+                "\nmove {id} is past its cutover and left resumable: `shard-directory resume \
+                 {id}` finishes it"
             )?,
             _ => write!(f, "\nnothing was changed")?,
         }
@@ -252,6 +310,7 @@ impl Failure {
             move_id: None,
             error,
             left: Left::Untouched,
+            phase: None,
             abort_error: None,
         }
     }

@@ -95,6 +95,83 @@ pub(crate) async fn set(
     .map(|_| ())
 }
 
+/// The entity frozen on the source for `lease` only, counted on the shard's clock from when the
+/// fence takes effect: past it the shard admits only clients whose directory version is above
+/// `freeze_version` (`fence_frozen(.., lease, freeze_version)`), so a mover that vanished does not
+/// leave the entity frozen for good.
+pub(crate) async fn freeze_leased(
+    client: &Client,
+    key: &EntityKey,
+    lease: std::time::Duration,
+    freeze_version: i64,
+) -> Result<(), tokio_postgres::Error> {
+    client
+        .execute(
+            "SELECT shard_directory.fence_frozen($1, $2, make_interval(secs => $3), $4)",
+            &[
+                &key.entity_type,
+                &key.entity_id,
+                &lease.as_secs_f64(),
+                &freeze_version,
+            ],
+        )
+        .await
+        .map(|_| ())
+}
+
+/// The checked transactions idle on the shard (or open for over a second), named (pid, state,
+/// since), if any: a fence waits for every checked transaction in flight, so one left open holds
+/// it. (A role that may not see other roles' sessions' state sees only the long ones.)
+pub(crate) async fn lingering_checks(
+    client: &Client,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    Ok(client
+        .query_one(
+            "SELECT string_agg(format('pid %s (%s, since %s)', a.pid, coalesce(a.state, '?'), \
+                                      to_char(a.xact_start AT TIME ZONE 'UTC', 'HH24:MI:SS')), \
+                               ', ' ORDER BY a.xact_start) \
+             FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+             WHERE l.locktype = 'relation' AND l.granted AND l.mode = 'RowShareLock' \
+               AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+               AND l.relation = 'shard_directory.shard_settings'::regclass \
+               AND l.pid <> pg_backend_pid() \
+               AND (a.state LIKE 'idle in transaction%' \
+                    OR a.xact_start < clock_timestamp() - interval '1 second')",
+            &[],
+        )
+        .await?
+        .get(0))
+}
+
+/// Runs a fence change until it commits, or until `patience` has passed: a fence waits for the
+/// shard's checked transactions in flight, and gives up (55P03) after
+/// `shard_directory.fence_wait_timeout` behind one that stays open. Each retry waits a little
+/// longer (100 ms, doubling, at most 2 s). Other errors are returned at once.
+pub(crate) async fn patiently<F, Fut>(
+    patience: std::time::Duration,
+    mut change: F,
+) -> Result<(), tokio_postgres::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), tokio_postgres::Error>>,
+{
+    let started = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(100);
+    loop {
+        match change().await {
+            Err(e)
+                if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE)
+                    && started.elapsed() + pause < patience =>
+            {
+                tracing::info!(error = %e, "a fence change waited for checked transactions; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_secs(2));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Lets this transaction's writes of the entity's rows through its fence (the extension's
 /// `bypass_fence`, not executable by PUBLIC), stamped with directory version `version` for the
 /// shard-wide check. The mover's copies in and deletes out go through here, never around the

@@ -42,6 +42,7 @@ mod registry;
 mod run;
 mod sequences;
 mod side;
+mod status;
 mod verify;
 
 pub use entry::{HistoryRow, Placement};
@@ -53,3 +54,4 @@ pub use phase::Phase;
 pub use preflight::Plan;
 pub use record::{Method, MoveRecord, TableProgress};
 pub use registry::{with_password, Endpoint, Overrides, ShardOverride};
+pub use status::{Driver, MoveStatus, Slot};

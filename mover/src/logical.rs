@@ -9,35 +9,90 @@ use tokio_postgres::Client;
 
 use crate::catalog::EntityTable;
 
-/// Creates the publication unless it exists.
+/// Why creating or adopting a replication object did not succeed.
+#[derive(Debug)]
+pub(crate) enum Trouble {
+    Db(tokio_postgres::Error),
+    /// An object of this move's name exists but says it belongs to another move.
+    NotOurs(String),
+    /// The slot waited too long for these transactions in progress on the source.
+    Blocked(String),
+}
+
+impl From<tokio_postgres::Error> for Trouble {
+    fn from(e: tokio_postgres::Error) -> Trouble {
+        Trouble::Db(e)
+    }
+}
+
+/// What a replication object of this move says about itself (its COMMENT): an object found by
+/// its name is adopted only when it says this, so a leftover of another move that happened to get
+/// the same id (another directory, a restore) is never taken for this move's.
+pub(crate) fn signature(record: &crate::record::MoveRecord) -> String {
+    format!(
+        "shard_directory move {} of {} from {} to {}, started {}",
+        record.move_id,
+        record.entity(),
+        record.source_shard,
+        record.target_shard,
+        record.started_at
+    )
+}
+
+/// Whether the object `describe` (a query of its COMMENT, `$1` = its name) finds exists; refuses
+/// one whose COMMENT is not `expected`.
+async fn adoptable(
+    client: &Client,
+    describe: &str,
+    kind: &str,
+    name: &str,
+    expected: &str,
+) -> Result<bool, Trouble> {
+    let found = client.query_opt(describe, &[&name]).await?;
+    let Some(row) = found else { return Ok(false) };
+    let comment: Option<String> = row.get(0);
+    match comment {
+        Some(c) if c == expected => Ok(true),
+        other => Err(Trouble::NotOurs(format!(
+            "{kind} {name} exists but is not this move's (it says {}); if it is left over, drop it \
+             (`shard-directory cleanup` drops those of finished moves) and resume",
+            other.map_or("nothing".to_owned(), |c| format!("\"{c}\""))
+        ))),
+    }
+}
+
+/// Creates the publication unless this move's exists.
 pub(crate) async fn ensure_publication(
     source: &Client,
     name: &str,
     tables: &[EntityTable],
     entity_id: &str,
-) -> Result<(), tokio_postgres::Error> {
-    let exists = source
-        .query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[&name])
-        .await?
-        .is_some();
-    if exists {
+    signature: &str,
+) -> Result<(), Trouble> {
+    let describe =
+        "SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1";
+    if adoptable(source, describe, "publication", name, signature).await? {
         return Ok(());
     }
     let quoted: Vec<&str> = tables.iter().map(|t| t.quoted.as_str()).collect();
     let keys: Vec<&str> = tables.iter().map(|t| t.key_quoted.as_str()).collect();
-    // The row filter needs a literal; the server quotes it. Table and key come quoted already.
+    let types: Vec<&str> = tables.iter().map(|t| t.key_type.as_str()).collect();
+    // The row filter needs a literal; the server quotes it. Table, key and type come quoted.
     let ddl: String = source
         .query_one(
             "SELECT format('CREATE PUBLICATION %I FOR %s \
-                            WITH (publish = ''insert, update, delete'', publish_via_partition_root = true)',
+                            WITH (publish = ''insert, update, delete'', publish_via_partition_root = true); \
+                            COMMENT ON PUBLICATION %I IS %L',
                            $1::text,
-                           string_agg(format('TABLE %s WHERE (%s = %L)', t.quoted, t.key, $2::text), ', '))
-             FROM unnest($3::text[], $4::text[]) AS t(quoted, key)",
-            &[&name, &entity_id, &quoted, &keys],
+                           string_agg(format('TABLE %s WHERE (%s = %L::%s)', t.quoted, t.key, $2::text, t.type), ', '),
+                           $1::text, $5::text)
+             FROM unnest($3::text[], $4::text[], $6::text[]) AS t(quoted, key, type)",
+            &[&name, &entity_id, &quoted, &keys, &signature, &types],
         )
-        .await?
+        .await
+        ?
         .get(0);
-    source.batch_execute(&ddl).await
+    source.batch_execute(&ddl).await.map_err(Trouble::from)
 }
 
 async fn slot_exists(source: &Client, name: &str) -> Result<bool, tokio_postgres::Error> {
@@ -53,38 +108,119 @@ async fn slot_exists(source: &Client, name: &str) -> Result<bool, tokio_postgres
 const SUBSCRIPTION_EXISTS: &str = "SELECT 1 FROM pg_subscription WHERE subname = $1 \
      AND subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())";
 
-/// Creates the subscription unless it exists. It copies the existing rows, then streams;
-/// `disable_on_error` stops it at the first conflict instead of retrying forever, and
-/// `synchronous_commit = on` makes the slot's confirmed position follow each applied commit
-/// promptly, which is what the freeze waits on.
+/// The transactions in progress on a server other than the caller's, for a message.
+pub(crate) async fn transactions_in_progress(
+    client: &Client,
+) -> Result<String, tokio_postgres::Error> {
+    let listed: Option<String> = client
+        .query_one(
+            "SELECT string_agg(format('pid %s (%s, %s, since %s)', pid, coalesce(state, '?'), \
+                                      coalesce(nullif(application_name, ''), usename::text, '?'), \
+                                      to_char(xact_start AT TIME ZONE 'UTC', 'HH24:MI:SS')), \
+                               ', ' ORDER BY xact_start) \
+             FROM pg_stat_activity \
+             WHERE pid <> pg_backend_pid() AND (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL) \
+               AND backend_type = 'client backend'",
+            &[],
+        )
+        .await?
+        .get(0);
+    Ok(listed.unwrap_or_else(|| "none left by the time it looked".to_owned()))
+}
+
+/// The subscription's slot, made on the source: it waits until every transaction in progress
+/// there has ended, for at most `wait` (then [`Trouble::Blocked`], naming them, and nothing is
+/// left behind). A slot without its subscription is from an earlier attempt of this move.
+async fn create_slot(source: &Client, name: &str, wait: Duration) -> Result<(), Trouble> {
+    if slot_exists(source, name).await? {
+        drop_slot(source, name).await?;
+    }
+    source
+        .batch_execute(&format!(
+            "SET statement_timeout = {}",
+            wait.as_millis().max(1)
+        ))
+        .await?;
+    let created = source
+        .execute(
+            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&name],
+        )
+        .await;
+    source.batch_execute("RESET statement_timeout").await?;
+    match created {
+        Ok(_) => Ok(()),
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) => {
+            Err(Trouble::Blocked(transactions_in_progress(source).await?))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Creates the subscription unless this move's exists, on a slot made first on the source (so
+/// the wait for the source's transactions in progress is bounded by `slot_wait` and names them).
+/// It copies the existing rows, then streams; `disable_on_error` stops it at the first conflict
+/// instead of retrying forever, and `synchronous_commit = on` makes the slot's confirmed position
+/// follow each applied commit promptly, which is what the freeze waits on.
 pub(crate) async fn ensure_subscription(
     source: &Client,
     target: &Client,
     name: &str,
     publisher_conninfo: &str,
-) -> Result<(), tokio_postgres::Error> {
-    if target
-        .query_opt(SUBSCRIPTION_EXISTS, &[&name])
-        .await?
-        .is_some()
-    {
+    signature: &str,
+    slot_wait: Duration,
+) -> Result<(), Trouble> {
+    let describe = "SELECT obj_description(oid, 'pg_subscription') FROM pg_subscription \
+                    WHERE subname = $1 \
+                      AND subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())";
+    if adoptable(target, describe, "subscription", name, signature).await? {
         return Ok(());
     }
-    // A slot without its subscription: CREATE SUBSCRIPTION made it, then failed. It is ours.
-    if slot_exists(source, name).await? {
-        drop_slot(source, name).await?;
-    }
+    create_slot(source, name, slot_wait).await?;
     let ddl: String = target
         .query_one(
             "SELECT format('CREATE SUBSCRIPTION %I CONNECTION %L PUBLICATION %I \
-                            WITH (slot_name = %L, copy_data = true, disable_on_error = true, \
-                                  synchronous_commit = ''on'')',
-                           $1::text, $2::text, $1::text, $1::text)",
-            &[&name, &publisher_conninfo],
+                            WITH (slot_name = %L, create_slot = false, copy_data = true, \
+                                  disable_on_error = true, synchronous_commit = ''on''); \
+                            COMMENT ON SUBSCRIPTION %I IS %L',
+                           $1::text, $2::text, $1::text, $1::text, $1::text, $3::text)",
+            &[&name, &publisher_conninfo, &signature],
+        )
+        .await?
+        .get(0);
+    target.batch_execute(&ddl).await.map_err(Trouble::from)
+}
+
+/// Turns a subscription that stopped after an error (`disable_on_error`) back on.
+pub(crate) async fn enable_subscription(
+    target: &Client,
+    name: &str,
+) -> Result<(), tokio_postgres::Error> {
+    let ddl: String = target
+        .query_one(
+            "SELECT format('ALTER SUBSCRIPTION %I ENABLE', $1::text)",
+            &[&name],
         )
         .await?
         .get(0);
     target.batch_execute(&ddl).await
+}
+
+/// WAL the slot keeps on the source (bytes from its restart position to the insert position),
+/// and whether the server has already removed WAL it needed (`max_slot_wal_keep_size`).
+pub(crate) async fn retained_wal(
+    source: &Client,
+    name: &str,
+) -> Result<Option<(i64, bool)>, tokio_postgres::Error> {
+    Ok(source
+        .query_opt(
+            "SELECT coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8, 0), \
+                    coalesce(wal_status = 'lost', false) \
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[&name],
+        )
+        .await?
+        .map(|r| (r.get(0), r.get(1))))
 }
 
 /// Gathers statistics on the entity's tables (the target's, once the initial copy is in). A table
@@ -302,4 +438,44 @@ pub(crate) async fn objects(
         )
         .await?;
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// The server's system identifier: tablesync slots on a source carry their subscriber's.
+pub(crate) async fn system_identifier(client: &Client) -> Result<String, tokio_postgres::Error> {
+    Ok(client
+        .query_one(
+            "SELECT system_identifier::text FROM pg_control_system()",
+            &[],
+        )
+        .await?
+        .get(0))
+}
+
+/// The OIDs of every subscription on the server.
+pub(crate) async fn subscription_oids(client: &Client) -> Result<Vec<i64>, tokio_postgres::Error> {
+    let rows = client
+        .query("SELECT oid::int8 FROM pg_subscription", &[])
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// The inactive tablesync slots on the server, PostgreSQL's `pg_<subscription oid>_sync_<table
+/// oid>_<subscriber's system identifier>`: `(slot, subscription oid, system identifier)`. A
+/// subscription dropped while its source was unreachable leaves them behind.
+pub(crate) async fn tablesync_slots(
+    client: &Client,
+) -> Result<Vec<(String, i64, String)>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "SELECT slot_name::text, m[1]::int8, m[2] \
+             FROM pg_replication_slots, \
+                  regexp_match(slot_name, '^pg_([0-9]+)_sync_[0-9]+_([0-9]+)$') m \
+             WHERE m IS NOT NULL AND NOT active",
+            &[],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect())
 }

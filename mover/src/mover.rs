@@ -8,7 +8,7 @@
 //! `complete_move` (the point of no return) -> source fenced `moved` -> replication objects
 //! dropped -> source rows deleted.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +27,7 @@ use crate::record::{self, MoveRecord, NewMove, TableProgress};
 use crate::registry::{self, Overrides};
 use crate::run::{stopped, Run};
 use crate::side::{self, Side};
+use crate::status::{self, MoveStatus};
 
 /// Which method to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -54,6 +55,18 @@ pub struct MoveOptions {
     /// hold entity ids: preflight otherwise refuses a table it cannot tell from an unprotected
     /// table of the entity.
     pub unrelated_tables: Vec<String>,
+    /// How long a fence change (or the replication slot's creation) may keep waiting behind a
+    /// shard's transactions in flight before the step gives up: each try waits
+    /// `shard_directory.fence_wait_timeout`, then the fence is tried again.
+    pub fence_patience: Duration,
+    /// WAL the move's replication slot may keep on the source (bytes); past it the move is
+    /// undone, before the source's disk fills for every tenant of the shard.
+    pub max_slot_lag: i64,
+    /// How much longer than `max_freeze` a freeze's lease runs. The mover ends a freeze itself
+    /// by `max_freeze`; the lease ends one whose mover vanished (the shard admits the entity's
+    /// clients again, and routers release it in the directory), and a mover that was only slow
+    /// finds it ended and does not cut over.
+    pub lease_grace: Duration,
 }
 
 impl Default for MoveOptions {
@@ -65,6 +78,9 @@ impl Default for MoveOptions {
             sync_timeout: Duration::from_secs(30 * 60),
             delete_batch: 10_000,
             unrelated_tables: Vec::new(),
+            fence_patience: Duration::from_secs(60),
+            max_slot_lag: 1 << 30,
+            lease_grace: Duration::from_secs(10),
         }
     }
 }
@@ -138,25 +154,33 @@ impl Mover {
         let move_id = begin(&mut directory, &plan, &self.options, &progress)
             .await
             .map_err(Failure::untouched)?;
+        let begun = Some(Phase::Migrating);
         let record = record::load(&directory, move_id)
             .await
             .at(Step::Record, Place::Directory)
-            .map_err(|e| stopped(move_id, e))?
+            .map_err(|e| stopped(move_id, e, begun))?
             .expect("just inserted");
         for side in [&source, &target] {
             side.name_after(move_id)
                 .await
-                .map_err(|e| stopped(move_id, e))?;
+                .map_err(|e| stopped(move_id, e, begun))?;
         }
+        side::name_session(&directory, move_id)
+            .await
+            .at(Step::Connect, Place::Directory)
+            .map_err(|e| stopped(move_id, e, begun))?;
         self.observer.phase(move_id, record.phase).await;
-        Run::new(self, directory, record, source, target, tables)
+        Run::new(self, directory, record, source, Ok(target), tables)
             .drive()
             .await
     }
 
     /// Continues move `move_id` from where its record and the real state say it is.
     pub async fn resume(&self, move_id: i64) -> Result<MoveRecord, Failure> {
-        let run = self.open(move_id).await.map_err(|e| stopped(move_id, e))?;
+        let run = self
+            .open(move_id)
+            .await
+            .map_err(|e| not_opened(move_id, e))?;
         if run.record.phase == Phase::Aborted {
             return Err(stopped(
                 move_id,
@@ -165,6 +189,7 @@ impl Mover {
                     phase: run.record.phase,
                     why: "the move was aborted; start a new one".into(),
                 },
+                Some(Phase::Aborted),
             ));
         }
         run.drive().await
@@ -174,12 +199,16 @@ impl Mover {
     /// entity's rows on the target deleted, replication objects dropped). Refused once the move
     /// has passed `complete_move`: from there only forward.
     pub async fn abort(&self, move_id: i64) -> Result<MoveRecord, Failure> {
-        let mut run = self.open(move_id).await.map_err(|e| stopped(move_id, e))?;
-        match run.record.phase {
+        let mut run = self
+            .open(move_id)
+            .await
+            .map_err(|e| not_opened(move_id, e))?;
+        let phase = run.record.phase;
+        match phase {
             Phase::Aborted => Ok(run.record),
             p if p.can_abort() => match run.abort().await {
                 Ok(()) => Ok(run.record),
-                Err(e) => Err(stopped(move_id, e)),
+                Err(e) => Err(run.failure(e)),
             },
             p => Err(stopped(
                 move_id,
@@ -194,6 +223,7 @@ impl Mover {
                             .map_or("?".to_owned(), |v| v.to_string())
                     ),
                 },
+                Some(p),
             )),
         }
     }
@@ -229,20 +259,31 @@ impl Mover {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         if !locked {
-            return Err(Error::Busy(move_id));
+            let holder = status::driver(&directory, MOVE_LOCK_CLASS, lock_key(move_id))
+                .await
+                .at(Step::Record, Place::Directory)?;
+            return Err(Error::Busy {
+                move_id,
+                holder: holder.map_or_else(
+                    || "a session that has just ended".to_owned(),
+                    |d| d.to_string(),
+                ),
+            });
         }
         // Read again under the lock: the run that held it may have moved the phase on.
         let record = record::load(&directory, move_id)
             .await
             .at(Step::Record, Place::Directory)?
             .expect("a move record is never deleted");
-        let mut sides = Vec::new();
-        for shard in [&record.source_shard, &record.target_shard] {
-            let endpoint = registry::endpoint(&directory, &self.overrides, shard).await?;
-            sides.push(Side::connect(endpoint, Some(move_id)).await?);
-        }
-        let target = sides.pop().expect("two sides");
-        let source = sides.pop().expect("two sides");
+        let endpoint =
+            registry::endpoint(&directory, &self.overrides, &record.source_shard).await?;
+        let source = Side::connect(endpoint, Some(move_id)).await?;
+        // A target that is down does not keep an abort from releasing the entity on its source.
+        let endpoint =
+            registry::endpoint(&directory, &self.overrides, &record.target_shard).await?;
+        let target = Side::connect(endpoint, Some(move_id))
+            .await
+            .map_err(|e| e.to_string());
         let tables = catalog::describe(&source.client, &record.entity_type)
             .await
             .at(Step::Preflight, source.name())?;
@@ -264,9 +305,106 @@ impl Mover {
             .ok_or(Error::UnknownMove(move_id))
     }
 
-    /// Every move, newest first (only the open ones with `open_only`).
-    pub async fn list(&self, open_only: bool) -> Result<Vec<MoveRecord>, Error> {
-        self.read(async |c| record::list(c, open_only).await).await
+    /// The record, the process driving the move (if one is) and its slot on the source (while
+    /// it exists; a source that cannot be reached is left out).
+    pub async fn status_detail(&self, move_id: i64) -> Result<MoveStatus, Error> {
+        let directory = self.connect_directory(None).await?;
+        let record = record::load(&directory, move_id)
+            .await
+            .at(Step::Record, Place::Directory)?
+            .ok_or(Error::UnknownMove(move_id))?;
+        let driver = status::driver(&directory, MOVE_LOCK_CLASS, lock_key(move_id))
+            .await
+            .at(Step::Record, Place::Directory)?;
+        let mut slot = None;
+        if record.method == record::Method::Logical && !record.phase.is_finished() {
+            let source =
+                registry::endpoint(&directory, &self.overrides, &record.source_shard).await;
+            if let Ok(endpoint) = source {
+                if let Ok(side) = Side::connect(endpoint, None).await {
+                    slot = status::slot(&side.client, side.name(), &record.replication_name)
+                        .await
+                        .at(Step::Record, side.name())?;
+                }
+            }
+        }
+        Ok(MoveStatus {
+            schema_version: status::SCHEMA_VERSION,
+            record,
+            driver,
+            slot,
+        })
+    }
+
+    /// Every move, newest first: only the open ones with `open_only`, only those started at or
+    /// after `since` (any timestamptz input) with it.
+    pub async fn list(
+        &self,
+        open_only: bool,
+        since: Option<&str>,
+    ) -> Result<Vec<MoveRecord>, Error> {
+        self.read(async |c| record::list(c, open_only, since).await)
+            .await
+    }
+
+    /// Deletes the entity's rows a finished `--keep-source` move left on its source (fenced
+    /// `moved` there, so nobody read or wrote them since), in batches through the fence bypass.
+    pub async fn purge_source(&self, move_id: i64) -> Result<MoveRecord, Error> {
+        let directory = self.connect_directory(Some(move_id)).await?;
+        let mut record = record::load(&directory, move_id)
+            .await
+            .at(Step::Record, Place::Directory)?
+            .ok_or(Error::UnknownMove(move_id))?;
+        if record.phase != Phase::Done || !record.keep_source {
+            return Err(Error::State {
+                move_id,
+                phase: record.phase,
+                why: "only a finished move made with --keep-source left rows on its source".into(),
+            });
+        }
+        let endpoint =
+            registry::endpoint(&directory, &self.overrides, &record.source_shard).await?;
+        let mut source = Side::connect(endpoint, Some(move_id)).await?;
+        let key = record.entity();
+        let fence = crate::fence::read(&source.client, &key)
+            .await
+            .at(Step::DeleteSource, source.name())?;
+        if !matches!(fence, crate::fence::Fence::Moved { .. }) {
+            return Err(Error::State {
+                move_id,
+                phase: record.phase,
+                why: format!(
+                    "{key} is fenced {fence} on shard {}, not moved: it may live there again; \
+                     nothing was deleted",
+                    source.name()
+                ),
+            });
+        }
+        let tables = catalog::describe(&source.client, &key.entity_type)
+            .await
+            .at(Step::DeleteSource, source.name())?;
+        let version = entry::current_version(&directory)
+            .await
+            .at(Step::DeleteSource, Place::Directory)?;
+        let progress = &mut record.tables;
+        crate::purge::delete_rows(
+            (&mut source.client, &source.endpoint.name),
+            &tables,
+            &key,
+            version,
+            self.options.delete_batch,
+            Step::DeleteSource,
+            |table, deleted| {
+                if let Some(p) = progress.get_mut(table) {
+                    p.deleted = deleted as i64;
+                }
+            },
+        )
+        .await?;
+        record::set_tables(&directory, move_id, &record.tables)
+            .await
+            .at(Step::Record, Place::Directory)?;
+        Ok(record)
     }
 
     /// The entity's entry now.
@@ -285,26 +423,37 @@ impl Mover {
     }
 
     /// Drops replication objects (`sd_move_<id>`) left on any registered shard by moves that
-    /// are finished, aborted, or unknown to the directory. Returns what it dropped; shards it
-    /// cannot reach are skipped with a note.
+    /// are finished, aborted, or unknown to the directory, and tablesync slots whose subscription
+    /// is gone from its subscriber. Returns what it dropped; shards it cannot reach are skipped
+    /// with a note. A move that starts while this runs has an id above every one it considers,
+    /// and a move's record is read again just before its objects are dropped.
     pub async fn cleanup(&self) -> Result<Vec<String>, Error> {
         let directory = self.connect_directory(None).await?;
-        let names = async |sql: &str| -> Result<Vec<String>, Error> {
-            let rows = directory.query(sql, &[]).await;
-            Ok(rows
-                .at(Step::Cleanup, Place::Directory)?
-                .iter()
-                .map(|r| r.get(0))
-                .collect())
+        let at = |e| Error::Db {
+            step: Step::Cleanup,
+            place: Place::Directory,
+            source: e,
         };
-        let open: BTreeSet<String> = names(
-            "SELECT replication_name FROM shard_directory.shard_moves WHERE finished_at IS NULL",
-        )
-        .await?
-        .into_iter()
-        .collect();
-        let shards =
-            names("SELECT shard_name FROM shard_directory.shards ORDER BY shard_name").await?;
+        let newest: i64 = directory
+            .query_one(
+                "SELECT coalesce(max(move_id), 0) FROM shard_directory.shard_moves",
+                &[],
+            )
+            .await
+            .map_err(at)?
+            .get(0);
+        let open_now = "SELECT EXISTS (SELECT 1 FROM shard_directory.shard_moves \
+                        WHERE move_id = $1 AND finished_at IS NULL)";
+        let shards: Vec<String> = directory
+            .query(
+                "SELECT shard_name FROM shard_directory.shards ORDER BY shard_name",
+                &[],
+            )
+            .await
+            .map_err(at)?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
         let mut reachable = Vec::new();
         for shard in shards {
             let side = match registry::endpoint(&directory, &self.overrides, &shard).await {
@@ -326,7 +475,16 @@ impl Mover {
                     .await
                     .at(Step::Cleanup, side.name())?;
                 for (kind, name) in objects {
-                    if kind != pass || open.contains(&name) {
+                    let id = name.trim_start_matches("sd_move_").parse::<i64>().ok();
+                    let Some(id) = id.filter(|id| kind == pass && *id <= newest) else {
+                        continue;
+                    };
+                    let open: bool = directory
+                        .query_one(open_now, &[&id])
+                        .await
+                        .map_err(at)?
+                        .get(0);
+                    if open {
                         continue;
                     }
                     match pass {
@@ -337,6 +495,38 @@ impl Mover {
                     .at(Step::Cleanup, side.name())?;
                     dropped.push(format!("{kind} {name} on {}", side.name()));
                 }
+            }
+        }
+        // Tablesync slots name their subscriber (its system identifier) and subscription.
+        let mut subscribers = Vec::new();
+        for side in &reachable {
+            let sysid = logical::system_identifier(&side.client)
+                .await
+                .at(Step::Cleanup, side.name())?;
+            subscribers.push((sysid, side));
+        }
+        for side in &reachable {
+            let slots = logical::tablesync_slots(&side.client)
+                .await
+                .at(Step::Cleanup, side.name())?;
+            for (slot, subscription, sysid) in slots {
+                let Some((_, subscriber)) = subscribers.iter().find(|(s, _)| *s == sysid) else {
+                    continue;
+                };
+                let present = logical::subscription_oids(&subscriber.client)
+                    .await
+                    .at(Step::Cleanup, subscriber.name())?;
+                if present.contains(&subscription) {
+                    continue;
+                }
+                logical::drop_slot(&side.client, &slot)
+                    .await
+                    .at(Step::Cleanup, side.name())?;
+                dropped.push(format!(
+                    "slot {slot} on {} (its subscription on {} is gone)",
+                    side.name(),
+                    subscriber.name()
+                ));
             }
         }
         Ok(dropped)
@@ -398,6 +588,19 @@ async fn begin(
     .map_err(at)?;
     tx.commit().await.map_err(at)?;
     Ok(move_id)
+}
+
+/// A move that could not be opened is as it was: a finished or unknown one needs nothing, any
+/// other stays resumable.
+fn not_opened(move_id: i64, error: Error) -> Failure {
+    match &error {
+        Error::UnknownMove(_) => Failure::untouched(error),
+        Error::State { phase, .. } if phase.is_finished() => Failure {
+            phase: Some(*phase),
+            ..Failure::untouched(error)
+        },
+        _ => stopped(move_id, error, None),
+    }
 }
 
 /// The second half of the move lock's key: ids wrap, which at worst makes two moves 2^32 apart

@@ -76,6 +76,8 @@ pub struct MoveRecord {
     pub catchup_lsn: Option<String>,
     pub confirmed_lsn: Option<String>,
     pub freeze_started_at: Option<String>,
+    /// When a freeze no mover ended may be released (`release_expired_freeze`).
+    pub freeze_lease_until: Option<String>,
     pub max_freeze_seen_ms: Option<i64>,
     pub last_error: Option<String>,
     pub started_by: String,
@@ -92,7 +94,8 @@ const COLUMNS: &str = r#"move_id, entity_type, entity_id, source_shard, target_s
     (extract(epoch FROM max_freeze_seen) * 1000)::int8, last_error, started_by,
     to_char(started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
     to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-    to_char(finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"#;
+    to_char(finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+    to_char(freeze_lease_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"#;
 
 fn json<T: serde::de::DeserializeOwned>(row: &Row, i: usize) -> T {
     serde_json::from_str(row.get(i)).expect("the record's JSON columns are written by the mover")
@@ -129,6 +132,7 @@ impl MoveRecord {
             started_at: r.get(21),
             updated_at: r.get(22),
             finished_at: r.get(23),
+            freeze_lease_until: r.get(24),
         }
     }
 
@@ -154,16 +158,20 @@ pub(crate) async fn load(
         .map(MoveRecord::from_row))
 }
 
-/// Every move, newest first; only the open ones with `open_only`.
+/// Every move, newest first; only the open ones with `open_only`, only those started at or
+/// after `since` with it.
 pub(crate) async fn list(
     c: &impl GenericClient,
     open_only: bool,
+    since: Option<&str>,
 ) -> Result<Vec<MoveRecord>, tokio_postgres::Error> {
     let sql = format!(
         "SELECT {COLUMNS} FROM shard_directory.shard_moves \
-         WHERE finished_at IS NULL OR NOT $1 ORDER BY move_id DESC"
+         WHERE (finished_at IS NULL OR NOT $1) \
+           AND ($2::text IS NULL OR started_at >= $2::text::timestamptz) \
+         ORDER BY move_id DESC"
     );
-    Ok(c.query(&sql, &[&open_only])
+    Ok(c.query(&sql, &[&open_only, &since])
         .await?
         .iter()
         .map(MoveRecord::from_row)
@@ -214,24 +222,50 @@ fn to_json<T: Serialize>(value: &T) -> String {
     serde_json::to_string(value).expect("plain data serialises")
 }
 
-/// Sets the phase; the final phases set `finished_at`, and the cutover or an abort closes the
-/// freeze clock (`max_freeze_seen`).
+/// Moves the phase from `from` to `to`, unless another process has moved it on meanwhile (then
+/// `false`, and nothing changes): a phase is written only from the phase its writer believes the
+/// move is in. The final phases set `finished_at`; the cutover or an abort closes the freeze
+/// clock (`max_freeze_seen`); a step forward clears `last_error`, which then says what stopped
+/// the move last, if anything still does.
 pub(crate) async fn set_phase(
     c: &impl GenericClient,
     move_id: i64,
-    phase: Phase,
-) -> Result<(), tokio_postgres::Error> {
-    c.execute(
-        "UPDATE shard_directory.shard_moves SET phase = $2, updated_at = now(), \
-             finished_at = CASE WHEN $2 IN ('done', 'aborted') THEN now() END, \
-             max_freeze_seen = CASE WHEN $2 IN ('cutover', 'aborted') AND freeze_started_at IS NOT NULL \
-                 THEN greatest(coalesce(max_freeze_seen, '0'), clock_timestamp() - freeze_started_at) \
-                 ELSE max_freeze_seen END \
-         WHERE move_id = $1",
-        &[&move_id, &phase.as_str()],
-    )
-    .await
-    .map(|_| ())
+    from: Phase,
+    to: Phase,
+) -> Result<bool, tokio_postgres::Error> {
+    let n = c
+        .execute(
+            "UPDATE shard_directory.shard_moves SET phase = $3, updated_at = now(), \
+                 finished_at = CASE WHEN $3 IN ('done', 'aborted') THEN now() END, \
+                 max_freeze_seen = CASE WHEN $3 IN ('cutover', 'aborted') AND freeze_started_at IS NOT NULL \
+                     THEN greatest(coalesce(max_freeze_seen, '0'), clock_timestamp() - freeze_started_at) \
+                     ELSE max_freeze_seen END, \
+                 last_error = CASE WHEN $3 IN ('aborting', 'aborted') THEN last_error END \
+             WHERE move_id = $1 AND phase = $2",
+            &[&move_id, &from.as_str(), &to.as_str()],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+/// Locks the move's row for the rest of the directory transaction `c` is in: a step that changes
+/// the entry takes it first, as `release_expired_freeze` does, so one waits for the other.
+/// Returns the phase and whether the freeze's lease (if any) is still running.
+pub(crate) async fn lock(
+    c: &impl GenericClient,
+    move_id: i64,
+) -> Result<(Phase, bool), tokio_postgres::Error> {
+    let row = c
+        .query_one(
+            "SELECT phase, coalesce(freeze_lease_until > clock_timestamp(), true) \
+             FROM shard_directory.shard_moves WHERE move_id = $1 FOR UPDATE",
+            &[&move_id],
+        )
+        .await?;
+    Ok((
+        Phase::parse(row.get(0)).expect("the phase CHECK constraint lists the phases"),
+        row.get(1),
+    ))
 }
 
 pub(crate) async fn set_tables(
@@ -261,14 +295,36 @@ pub(crate) async fn set_error(
     .map(|_| ())
 }
 
-/// Starts the freeze clock, the first time only: a resumed freeze counts from the first.
+/// Records a freeze beginning: the freeze clock starts (the first time only: a resumed or retried
+/// freeze counts from the first) and its lease runs `lease` from now, on the directory's clock.
 pub(crate) async fn start_freeze(
+    c: &impl GenericClient,
+    move_id: i64,
+    lease: std::time::Duration,
+) -> Result<(), tokio_postgres::Error> {
+    c.execute(
+        "UPDATE shard_directory.shard_moves \
+         SET freeze_started_at = coalesce(freeze_started_at, clock_timestamp()), \
+             freeze_lease_until = clock_timestamp() + make_interval(secs => $2), updated_at = now() \
+         WHERE move_id = $1",
+        &[&move_id, &lease.as_secs_f64()],
+    )
+    .await
+    .map(|_| ())
+}
+
+/// Forgets a freeze that was undone before the entity was frozen on its source (the move goes
+/// back to catching up, keeping its copy).
+pub(crate) async fn end_freeze(
     c: &impl GenericClient,
     move_id: i64,
 ) -> Result<(), tokio_postgres::Error> {
     c.execute(
         "UPDATE shard_directory.shard_moves \
-         SET freeze_started_at = coalesce(freeze_started_at, clock_timestamp()), updated_at = now() \
+         SET freeze_version = NULL, freeze_lease_until = NULL, catchup_lsn = NULL, \
+             confirmed_lsn = NULL, freeze_started_at = NULL, updated_at = now(), \
+             max_freeze_seen = greatest(coalesce(max_freeze_seen, '0'), \
+                                        clock_timestamp() - freeze_started_at) \
          WHERE move_id = $1",
         &[&move_id],
     )

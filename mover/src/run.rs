@@ -1,9 +1,19 @@
 //! One process driving one move, phase by phase. Each step reads the real state and may run
-//! twice; an error while the entity is frozen aborts the move, any other leaves it resumable.
+//! twice, and a phase is written only from the phase this run believes the move is in. An error
+//! while the entity is frozen aborts the move, as does a replication slot that keeps too much
+//! WAL; any other leaves it resumable. Whether to abort is decided from the record as the
+//! directory has it then, never from this run's copy of it.
+//!
+//! A freeze is the directory's first (its version, `F`, is what the source's fence admits
+//! clients above once its lease ends), then the source's fence, with a lease: a mover that
+//! vanishes mid-freeze leaves its entity writable again once the lease ends (routers release
+//! the directory's side, `release_expired_freeze`), and a mover that was only slow finds at
+//! its cutover that the lease ended and aborts instead.
 
 use std::time::{Duration, Instant};
 
 use shard_directory_client::{EntityKey, State};
+use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
 use crate::catalog::EntityTable;
@@ -12,7 +22,7 @@ use crate::entry::{self, Placement};
 use crate::error::{At, Error, Failure, Left, Place, Step};
 use crate::fence::{self, Fence};
 use crate::integrity;
-use crate::logical;
+use crate::logical::{self, Trouble};
 use crate::mover::Mover;
 use crate::phase::Phase;
 use crate::purge;
@@ -21,19 +31,22 @@ use crate::sequences;
 use crate::side::Side;
 use crate::verify;
 
-pub(crate) fn stopped(move_id: i64, error: Error) -> Failure {
+pub(crate) fn stopped(move_id: i64, error: Error, phase: Option<Phase>) -> Failure {
     Failure {
         move_id: Some(move_id),
         error,
         left: Left::Resumable,
+        phase,
         abort_error: None,
     }
 }
 
 /// The directory steps a move makes, each committed with the record's phase.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum DirectoryStep {
     Freeze,
+    /// Undoes a freeze the source's fence never joined: back to migrating, the copy kept.
+    Thaw,
     Complete,
     Abort,
 }
@@ -57,10 +70,20 @@ pub(crate) struct Run<'m> {
     pub(crate) record: MoveRecord,
     key: EntityKey,
     source: Side,
-    target: Side,
+    /// The target, or why it could not be reached: an abort still releases the entity without it.
+    target: Result<Side, String>,
     tables: Vec<EntityTable>,
     /// When the freeze must be over; set when this run froze the entity or resumed it frozen.
     deadline: Option<Instant>,
+    /// Whether this run froze the source itself (a resumed freeze fences it again first).
+    fenced_here: bool,
+    /// Whether this run caught up and verified under the freeze (a move resumed at `verified`
+    /// is verified again: nothing says its source stayed frozen while no mover ran).
+    verified_here: bool,
+    /// Whether this run turned the subscription back on after it stopped on an error.
+    reenabled: bool,
+    /// Whether this run's abort has released the entity (source fence and directory restored).
+    released: bool,
 }
 
 impl<'m> Run<'m> {
@@ -69,7 +92,7 @@ impl<'m> Run<'m> {
         directory: Client,
         record: MoveRecord,
         source: Side,
-        target: Side,
+        target: Result<Side, String>,
         tables: Vec<EntityTable>,
     ) -> Run<'m> {
         let key = record.entity();
@@ -86,6 +109,10 @@ impl<'m> Run<'m> {
             target,
             tables,
             deadline,
+            fenced_here: false,
+            verified_here: false,
+            reenabled: false,
+            released: false,
         }
     }
 
@@ -93,16 +120,25 @@ impl<'m> Run<'m> {
         self.record.move_id
     }
 
+    /// How long a freeze holds without a mover to end it: `--max-freeze` (the mover aborts
+    /// itself then) and the grace for a mover that can no longer do even that.
+    fn lease(&self) -> Duration {
+        max_freeze(&self.record) + self.mover.options.lease_grace
+    }
+
+    fn target(&self, step: Step) -> Result<&Side, Error> {
+        self.target.as_ref().map_err(|cause| Error::Unreachable {
+            step,
+            shard: self.record.target_shard.clone(),
+            cause: cause.clone(),
+        })
+    }
+
     pub(crate) async fn drive(mut self) -> Result<MoveRecord, Failure> {
         loop {
             let result = match self.record.phase {
                 Phase::Done | Phase::Aborted => return Ok(self.record),
-                Phase::Aborting => {
-                    return match self.abort().await {
-                        Ok(()) => Ok(self.record),
-                        Err(e) => Err(stopped(self.id(), e)),
-                    }
-                }
+                Phase::Aborting => self.abort().await,
                 phase => self.step(phase).await,
             };
             if let Err(error) = result {
@@ -111,37 +147,65 @@ impl<'m> Run<'m> {
         }
     }
 
-    /// Records the error; a move that holds the entity frozen aborts itself, so the entity is
-    /// writable again on its source.
+    /// How an abort that stopped on `error` leaves the move.
+    pub(crate) fn failure(&self, error: Error) -> Failure {
+        Failure {
+            move_id: Some(self.id()),
+            error,
+            left: if self.released {
+                Left::Released
+            } else {
+                Left::Resumable
+            },
+            phase: Some(self.record.phase),
+            abort_error: None,
+        }
+    }
+
+    /// Records the error; a move that holds the entity frozen (or whose slot keeps too much WAL)
+    /// aborts itself, so the entity is writable again on its source.
     async fn fail(&mut self, error: Error) -> Failure {
         let id = self.id();
         // Best effort: the directory may be what failed; the error is returned either way.
         let _ = record::set_error(&self.directory, id, &error.to_string()).await;
         self.mover.observer.note(id, &format!("failed: {error}"));
-        let frozen = self.deadline.is_some() && self.record.phase.can_abort();
-        if !frozen {
-            return stopped(id, error);
+        // This run's copy of the record may be behind the directory (a step committed, its
+        // reload failed): decide from the directory's, or not at all.
+        if self.reload().await.is_err() {
+            return stopped(id, error, Some(self.record.phase));
+        }
+        let phase = self.record.phase;
+        let frozen = matches!(phase, Phase::Frozen | Phase::Verified);
+        let slot_at_risk = matches!(error, Error::SlotLag { .. });
+        let must_abort =
+            phase == Phase::Aborting || (phase.can_abort() && (frozen || slot_at_risk));
+        if !must_abort {
+            return stopped(id, error, Some(phase));
         }
         match self.abort().await {
             Ok(()) => Failure {
                 move_id: Some(id),
                 error,
                 left: Left::Aborted,
+                phase: Some(self.record.phase),
                 abort_error: None,
             },
             Err(abort_error) => Failure {
-                move_id: Some(id),
-                error,
-                left: Left::Resumable,
                 abort_error: Some(abort_error),
+                ..self.failure(error)
             },
         }
     }
 
     async fn step(&mut self, phase: Phase) -> Result<(), Error> {
         match (phase, self.record.method) {
-            (Phase::Migrating, Method::Logical) => self.enter(Phase::Copying).await,
-            (Phase::Migrating, Method::Copy) => self.freeze().await,
+            (Phase::Migrating, method) => {
+                self.fence_target_during_move().await?;
+                match method {
+                    Method::Logical => self.enter(Phase::Copying).await,
+                    Method::Copy => self.freeze().await,
+                }
+            }
             (Phase::Copying, _) => {
                 self.replicate().await?;
                 self.enter(Phase::CatchingUp).await
@@ -158,12 +222,11 @@ impl<'m> Run<'m> {
             (Phase::Cutover, _) => {
                 let version = self.record.cutover_version.expect("set with the cutover");
                 let moved = Fence::Moved {
-                    moved_to: self.target.name().to_owned(),
+                    moved_to: self.record.target_shard.clone(),
                     version,
                 };
-                fence::set(&self.source.client, &self.key, &moved)
-                    .await
-                    .at(Step::FenceSource, self.source.name())?;
+                self.set_fence_patiently(&self.source, &moved, Step::FenceSource)
+                    .await?;
                 self.enter(Phase::CleaningUp).await
             }
             (Phase::CleaningUp, _) => {
@@ -179,19 +242,42 @@ impl<'m> Run<'m> {
         }
     }
 
-    /// Records `phase`, reloads the record and tells the observer.
+    /// Moves the record from the phase this run believes it is in to `phase`, reloads it and
+    /// tells the observer. Refused when another process has moved the phase on meanwhile.
     async fn enter(&mut self, phase: Phase) -> Result<(), Error> {
-        record::set_phase(&self.directory, self.id(), phase)
+        let from = self.record.phase;
+        let moved = record::set_phase(&self.directory, self.id(), from, phase)
             .await
             .at(Step::Record, Place::Directory)?;
+        if !moved {
+            self.reload().await?;
+            return Err(self.moved_on(from));
+        }
         self.entered().await
     }
 
-    async fn entered(&mut self) -> Result<(), Error> {
+    fn moved_on(&self, expected: Phase) -> Error {
+        Error::State {
+            move_id: self.id(),
+            phase: self.record.phase,
+            why: format!(
+                "its record says {}, not {expected}: another process moved it on (or a freeze's \
+                 lease ended and a router released the entity)",
+                self.record.phase
+            ),
+        }
+    }
+
+    async fn reload(&mut self) -> Result<(), Error> {
         self.record = record::load(&self.directory, self.id())
             .await
             .at(Step::Record, Place::Directory)?
             .expect("a move record is never deleted");
+        Ok(())
+    }
+
+    async fn entered(&mut self) -> Result<(), Error> {
+        self.reload().await?;
         self.mover
             .observer
             .phase(self.record.move_id, self.record.phase)
@@ -199,16 +285,39 @@ impl<'m> Run<'m> {
         Ok(())
     }
 
+    /// A fence change on `side`, retried while the shard gives up waiting for its checked
+    /// transactions in flight (up to `--fence-wait`): a fence that did not commit changes
+    /// nothing, so it is worth another try rather than a failed move.
+    async fn set_fence_patiently(&self, side: &Side, to: &Fence, step: Step) -> Result<(), Error> {
+        let (client, key) = (&side.client, &self.key);
+        fence::patiently(self.mover.options.fence_patience, move || {
+            fence::set(client, key, to)
+        })
+        .await
+        .at(step, side.name())
+    }
+
+    /// Until the cutover, nothing but the move writes the entity on the target: an abort then
+    /// deletes only what the move wrote there. (Logical apply and the mover's own writes pass the
+    /// fence; reads go through, as the guide's dual read needs.)
+    async fn fence_target_during_move(&self) -> Result<(), Error> {
+        let target = self.target(Step::Begin)?;
+        self.set_fence_patiently(target, &Fence::Frozen, Step::Begin)
+            .await
+    }
+
     /// Runs a directory step unless the entry is already past it, and records `phase` (and the
-    /// step's version) in the same directory transaction.
+    /// step's version) in the same directory transaction, which first locks the move's row (as
+    /// `release_expired_freeze` does) and checks its phase is still this run's.
     async fn directory_step(&mut self, step: DirectoryStep, phase: Phase) -> Result<(), Error> {
-        let (id, key) = (self.record.move_id, self.key.clone());
+        let (id, key, from) = (self.record.move_id, self.key.clone(), self.record.phase);
         let (source, target) = (
             self.record.source_shard.clone(),
             self.record.target_shard.clone(),
         );
+        let lease = self.lease();
         let err_step = match step {
-            DirectoryStep::Freeze => Step::Freeze,
+            DirectoryStep::Freeze | DirectoryStep::Thaw => Step::Freeze,
             DirectoryStep::Complete => Step::Cutover,
             DirectoryStep::Abort => Step::Abort,
         };
@@ -218,34 +327,50 @@ impl<'m> Run<'m> {
             source: e,
         };
         let tx = self.directory.transaction().await.map_err(at)?;
+        let (locked, lease_running) = record::lock(&tx, id).await.map_err(at)?;
+        if locked != from {
+            drop(tx);
+            self.reload().await?;
+            return Err(self.moved_on(from));
+        }
+        if step == DirectoryStep::Complete && !lease_running {
+            return Err(Error::LeaseExpired);
+        }
         let entry = entry::read(&tx, &key).await.map_err(at)?;
         let toward_target = |e: &Placement| {
             e.shard_name == source && e.target_shard.as_deref() == Some(target.as_str())
         };
-        let (call, done) = match (step, &entry) {
+        let calls: &[&str] = match (step, &entry) {
             (DirectoryStep::Freeze, Some(e)) if e.state == State::Migrating && toward_target(e) => {
-                (Some("SELECT shard_directory.freeze($1, $2)"), None)
+                &["SELECT shard_directory.freeze($1, $2)"]
             }
             (DirectoryStep::Freeze, Some(e)) if e.state == State::ReadOnly && toward_target(e) => {
-                (None, Some(e.version))
+                &[]
+            }
+            (DirectoryStep::Thaw, Some(e)) if e.state == State::ReadOnly && toward_target(e) => &[
+                "SELECT shard_directory.abort_move($1, $2)",
+                "SELECT shard_directory.begin_move($1, $2, $3)",
+            ],
+            (DirectoryStep::Thaw, Some(e)) if e.state == State::Migrating && toward_target(e) => {
+                &[]
             }
             (DirectoryStep::Complete, Some(e))
                 if e.state == State::ReadOnly && toward_target(e) =>
             {
-                (Some("SELECT shard_directory.complete_move($1, $2)"), None)
+                &["SELECT shard_directory.complete_move($1, $2)"]
             }
             (DirectoryStep::Complete, Some(e))
                 if e.state == State::Active && e.shard_name == target =>
             {
-                (None, Some(e.version))
+                &[]
             }
             (DirectoryStep::Abort, Some(e)) if e.state != State::Active && toward_target(e) => {
-                (Some("SELECT shard_directory.abort_move($1, $2)"), None)
+                &["SELECT shard_directory.abort_move($1, $2)"]
             }
             (DirectoryStep::Abort, Some(e))
                 if e.state == State::Active && e.shard_name == source =>
             {
-                (None, Some(e.version))
+                &[]
             }
             (_, other) => {
                 return Err(Error::State {
@@ -264,54 +389,96 @@ impl<'m> Run<'m> {
                 })
             }
         };
-        let version = match (call, done) {
-            (Some(sql), _) => tx
-                .query_one(sql, &[&key.entity_type, &key.entity_id])
+        let mut version = entry.map_or(0, |e| e.version);
+        for sql in calls {
+            let row = if sql.contains("$3") {
+                tx.query_one(*sql, &[&key.entity_type, &key.entity_id, &target])
+                    .await
+            } else {
+                tx.query_one(*sql, &[&key.entity_type, &key.entity_id])
+                    .await
+            };
+            version = row.map_err(at)?.get(0);
+        }
+        match step {
+            DirectoryStep::Freeze => {
+                record::set_versions(&tx, id, Some(version), None)
+                    .await
+                    .map_err(at)?;
+                record::start_freeze(&tx, id, lease).await.map_err(at)?;
+            }
+            DirectoryStep::Thaw => record::end_freeze(&tx, id).await.map_err(at)?,
+            DirectoryStep::Complete => record::set_versions(&tx, id, None, Some(version))
                 .await
-                .map_err(at)?
-                .get(0),
-            (None, Some(v)) => v,
-            (None, None) => unreachable!(),
-        };
-        let (freeze, cutover) = match step {
-            DirectoryStep::Freeze => (Some(version), None),
-            DirectoryStep::Complete => (None, Some(version)),
-            DirectoryStep::Abort => (None, None),
-        };
-        record::set_versions(&tx, id, freeze, cutover)
-            .await
-            .map_err(at)?;
-        record::set_phase(&tx, id, phase).await.map_err(at)?;
+                .map_err(at)?,
+            DirectoryStep::Abort => {}
+        }
+        if !record::set_phase(&tx, id, from, phase).await.map_err(at)? {
+            unreachable!("the move's row is locked by this transaction");
+        }
         tx.commit().await.map_err(at)?;
         self.entered().await
+    }
+
+    fn replication_trouble(&self, step: Step, shard: &str, trouble: Trouble, what: &str) -> Error {
+        match trouble {
+            Trouble::Db(e) => Error::Db {
+                step,
+                place: Place::Shard(shard.to_owned()),
+                source: e,
+            },
+            Trouble::NotOurs(why) => Error::State {
+                move_id: self.id(),
+                phase: self.record.phase,
+                why,
+            },
+            Trouble::Blocked(blockers) => Error::Blocked {
+                step,
+                shard: shard.to_owned(),
+                what: what.to_owned(),
+                waited: self.mover.options.fence_patience,
+                blockers,
+            },
+        }
     }
 
     /// Logical: publication and subscription, then the initial copy of every table.
     async fn replicate(&mut self) -> Result<(), Error> {
         let name = self.record.replication_name.clone();
-        logical::ensure_publication(
+        let signature = logical::signature(&self.record);
+        let target = self.target(Step::Replicate)?;
+        let publication = logical::ensure_publication(
             &self.source.client,
             &name,
             &self.tables,
             &self.key.entity_id,
+            &signature,
         )
-        .await
-        .at(Step::Replicate, self.source.name())?;
-        logical::ensure_subscription(
+        .await;
+        publication.map_err(|t| {
+            self.replication_trouble(Step::Replicate, self.source.name(), t, "the publication")
+        })?;
+        let subscription = logical::ensure_subscription(
             &self.source.client,
-            &self.target.client,
+            &target.client,
             &name,
             &self.source.endpoint.replication_conninfo,
+            &signature,
+            self.mover.options.fence_patience,
         )
-        .await
-        .at(Step::Replicate, self.target.name())?;
+        .await;
+        subscription.map_err(|t| {
+            let what = format!("creating replication slot {name}");
+            self.replication_trouble(Step::Replicate, self.source.name(), t, &what)
+        })?;
         let started = Instant::now();
         let mut saved = Instant::now();
         loop {
-            let state = logical::sync_state(&self.target.client, &name)
+            let target = self.target(Step::Sync)?;
+            let state = logical::sync_state(&target.client, &name)
                 .await
-                .at(Step::Sync, self.target.name())?;
-            self.check_subscription(&state, Step::Sync)?;
+                .at(Step::Sync, target.name())?;
+            self.check_replication(&state, Step::Sync).await?;
             let id = self.id();
             for (table, ready, copied) in &state.tables {
                 if let Some(p) = self.record.tables.get_mut(table) {
@@ -329,49 +496,93 @@ impl<'m> Run<'m> {
                 // The copied rows get statistics before the freeze, so that the checks under it
                 // (and the application's queries after the cutover) are planned for them, not for
                 // the empty tables the copy began with.
-                return logical::analyze(&self.target.client, &self.tables)
+                let target = self.target(Step::Sync)?;
+                return logical::analyze(&target.client, &self.tables)
                     .await
-                    .at(Step::Sync, self.target.name());
+                    .at(Step::Sync, target.name());
             }
-            self.check_sync_timeout(started, "the initial copy of every table")?;
+            if started.elapsed() > self.mover.options.sync_timeout {
+                // Tablesync slots wait for the source's transactions in progress, as the main
+                // slot did: name them.
+                let blockers = logical::transactions_in_progress(&self.source.client)
+                    .await
+                    .at(Step::Sync, self.source.name())?;
+                return Err(Error::Timeout {
+                    step: Step::Sync,
+                    what: format!(
+                        "the initial copy of every table (transactions in progress on shard \
+                         {}: {blockers})",
+                        self.source.name()
+                    ),
+                    after: self.mover.options.sync_timeout,
+                });
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
-    fn check_subscription(&self, state: &logical::SyncState, step: Step) -> Result<(), Error> {
+    /// The subscription is on (a subscription that stopped after an error is turned back on
+    /// once per run, with a note), and the slot keeps no more WAL than `--max-slot-lag`.
+    async fn check_replication(
+        &mut self,
+        state: &logical::SyncState,
+        step: Step,
+    ) -> Result<(), Error> {
+        let name = self.record.replication_name.clone();
+        let source = self.source.name().to_owned();
+        if let Some((retained, lost)) = logical::retained_wal(&self.source.client, &name)
+            .await
+            .at(step, source.as_str())?
+        {
+            let limit = self.mover.options.max_slot_lag;
+            if lost || retained > limit {
+                return Err(Error::SlotLag {
+                    step,
+                    name,
+                    shard: source,
+                    retained,
+                    limit,
+                });
+            }
+        }
         if state.exists && state.enabled {
+            return Ok(());
+        }
+        let target = self.target(step)?;
+        if state.exists && !self.reenabled {
+            self.mover.observer.note(
+                self.id(),
+                &format!(
+                    "subscription {name} on shard {} stopped after {} error(s) (its server log \
+                     there says why); turning it on again",
+                    target.name(),
+                    state.errors
+                ),
+            );
+            logical::enable_subscription(&target.client, &name)
+                .await
+                .at(step, target.name())?;
+            self.reenabled = true;
             return Ok(());
         }
         Err(Error::SubscriptionFailed {
             step,
-            name: self.record.replication_name.clone(),
-            shard: self.target.name().to_owned(),
+            name,
+            shard: target.name().to_owned(),
             errors: state.errors,
         })
     }
 
-    fn check_sync_timeout(&self, started: Instant, what: &str) -> Result<(), Error> {
-        let limit = self.mover.options.sync_timeout;
-        if started.elapsed() > limit {
-            return Err(Error::Timeout {
-                step: Step::Sync,
-                what: what.to_owned(),
-                after: limit,
-            });
-        }
-        Ok(())
-    }
-
     /// Waits until the slot confirms `lsn`, or `deadline`; returns the confirmed position.
     async fn wait_confirmed(
-        &self,
+        &mut self,
         lsn: &str,
         deadline: Instant,
         on_timeout: impl Fn() -> Error,
     ) -> Result<String, Error> {
-        let name = &self.record.replication_name;
+        let name = self.record.replication_name.clone();
         for poll in 0u32.. {
-            let (passed, confirmed, behind) = logical::confirmed(&self.source.client, name, lsn)
+            let (passed, confirmed, behind) = logical::confirmed(&self.source.client, &name, lsn)
                 .await
                 .at(Step::CatchUp, self.source.name())?;
             if passed {
@@ -382,10 +593,11 @@ impl<'m> Run<'m> {
                 return Err(on_timeout());
             }
             if poll % 50 == 49 {
-                let state = logical::sync_state(&self.target.client, name)
+                let target = self.target(Step::CatchUp)?;
+                let state = logical::sync_state(&target.client, &name)
                     .await
-                    .at(Step::CatchUp, self.target.name())?;
-                self.check_subscription(&state, Step::CatchUp)?;
+                    .at(Step::CatchUp, target.name())?;
+                self.check_replication(&state, Step::CatchUp).await?;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -425,22 +637,128 @@ impl<'m> Run<'m> {
         }
     }
 
-    /// Fences the source `frozen` (waiting for its checked writers in flight), then `freeze`s
-    /// the entry. From here an error aborts the move.
+    /// Freezes the entry (its version `F` is what the source's lease admits clients above once
+    /// it ends), then fences the source frozen, which waits for its checked writers in flight.
+    /// From here an error aborts the move; a source fence that cannot commit undoes the freeze
+    /// instead, keeping the copy.
     async fn freeze(&mut self) -> Result<(), Error> {
-        record::start_freeze(&self.directory, self.id())
-            .await
-            .at(Step::Freeze, Place::Directory)?;
+        self.wait_for_open_checks().await?;
         self.deadline = Some(Instant::now() + max_freeze(&self.record));
-        fence::set(&self.source.client, &self.key, &Fence::Frozen)
-            .await
-            .at(Step::Freeze, self.source.name())?;
         self.directory_step(DirectoryStep::Freeze, Phase::Frozen)
-            .await
+            .await?;
+        self.fence_source_frozen().await
     }
 
-    /// Under the freeze: catch up (logical) or copy, verify, advance sequences, fence the target.
+    /// Before freezing anything: the source's fence will wait for every checked transaction in
+    /// flight there, so one left open (idle in a transaction) would hold the freeze as long as it
+    /// stays. Waits up to `--fence-wait` for none to have been open over a second; past that,
+    /// stops (resumable, nothing frozen) naming them.
+    async fn wait_for_open_checks(&self) -> Result<(), Error> {
+        let (started, patience) = (Instant::now(), self.mover.options.fence_patience);
+        loop {
+            let lingering = fence::lingering_checks(&self.source.client)
+                .await
+                .at(Step::Freeze, self.source.name())?;
+            match lingering {
+                None => return Ok(()),
+                Some(blockers) if started.elapsed() >= patience => {
+                    return Err(Error::Blocked {
+                        step: Step::Freeze,
+                        shard: self.source.name().to_owned(),
+                        what: "freezing the entity (its fence waits for checked transactions in \
+                               flight)"
+                            .into(),
+                        waited: patience,
+                        blockers,
+                    })
+                }
+                Some(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+
+    /// The source's fence, frozen for the freeze's lease. When it cannot commit in time (the shard
+    /// keeps giving up behind open transactions), the directory's freeze is undone and the move
+    /// goes back to catching up with its copy: nothing was frozen on the source.
+    async fn fence_source_frozen(&mut self) -> Result<(), Error> {
+        let deadline = self.deadline.expect("set with the freeze");
+        let freeze_version = self
+            .record
+            .freeze_version
+            .expect("recorded with the freeze");
+        let lease = self.lease();
+        let patience = self
+            .mover
+            .options
+            .fence_patience
+            .min(deadline.saturating_duration_since(Instant::now()));
+        let (client, key) = (&self.source.client, &self.key);
+        let fenced = fence::patiently(patience, move || {
+            fence::freeze_leased(client, key, lease, freeze_version)
+        })
+        .await;
+        match fenced {
+            Ok(()) => {
+                self.fenced_here = true;
+                Ok(())
+            }
+            Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                let back = match self.record.method {
+                    Method::Logical => Phase::CatchingUp,
+                    Method::Copy => Phase::Migrating,
+                };
+                self.directory_step(DirectoryStep::Thaw, back).await?;
+                self.deadline = None;
+                self.mover.observer.note(
+                    self.id(),
+                    "the source's fence could not commit: the freeze was undone, the copy kept; \
+                     `resume` tries again",
+                );
+                Err(Error::Db {
+                    step: Step::Freeze,
+                    place: Place::Shard(self.source.name().to_owned()),
+                    source: e,
+                })
+            }
+            Err(e) => Err(Error::Db {
+                step: Step::Freeze,
+                place: Place::Shard(self.source.name().to_owned()),
+                source: e,
+            }),
+        }
+    }
+
+    /// A freeze this run did not start (resumed, or verified by an earlier run): its lease is
+    /// renewed in the directory and the source fenced again, before anything relies on it.
+    async fn hold_freeze(&mut self) -> Result<(), Error> {
+        let (id, lease) = (self.id(), self.lease());
+        let tx = self
+            .directory
+            .transaction()
+            .await
+            .at(Step::Freeze, Place::Directory)?;
+        let (locked, _) = record::lock(&tx, id)
+            .await
+            .at(Step::Freeze, Place::Directory)?;
+        if locked != self.record.phase {
+            drop(tx);
+            let expected = self.record.phase;
+            self.reload().await?;
+            return Err(self.moved_on(expected));
+        }
+        record::start_freeze(&tx, id, lease)
+            .await
+            .at(Step::Freeze, Place::Directory)?;
+        tx.commit().await.at(Step::Freeze, Place::Directory)?;
+        self.fence_source_frozen().await
+    }
+
+    /// Under the freeze: catch up (logical) or copy, verify, check foreign keys, advance
+    /// sequences, fence the target owned.
     async fn catch_up_and_verify(&mut self) -> Result<(), Error> {
+        if !self.fenced_here {
+            self.hold_freeze().await?;
+        }
         let deadline = self.deadline.expect("a frozen move has a deadline");
         let limit = max_freeze(&self.record);
         match self.record.method {
@@ -464,13 +782,14 @@ impl<'m> Run<'m> {
             }
             Method::Copy => within(deadline, limit, Step::Copy, self.copy()).await?,
         }
+        let target = self.target(Step::Verify)?;
         let counts = within(
             deadline,
             limit,
             Step::Verify,
             verify::verify(
                 (&self.source.client, self.source.name()),
-                (&self.target.client, self.target.name()),
+                (&target.client, target.name()),
                 &self.tables,
                 &self.key,
             ),
@@ -485,6 +804,7 @@ impl<'m> Run<'m> {
         record::set_tables(&self.directory, self.id(), &self.record.tables)
             .await
             .at(Step::Record, Place::Directory)?;
+        let target = self.target(Step::Verify)?;
         // No row may join the entity to another one; and logical apply checks no foreign key
         // (a copy's COPY does), so after it what the moved rows reference must be on the target.
         within(deadline, limit, Step::Verify, async {
@@ -500,8 +820,8 @@ impl<'m> Run<'m> {
                 return Ok(());
             }
             integrity::check_references_present(
-                &self.target.client,
-                self.target.name(),
+                &target.client,
+                target.name(),
                 &self.tables,
                 &self.key,
             )
@@ -514,7 +834,7 @@ impl<'m> Run<'m> {
             Step::Sequences,
             sequences::advance(
                 (&self.source.client, self.source.name()),
-                (&self.target.client, self.target.name()),
+                (&target.client, target.name()),
                 &self.tables,
             ),
         )
@@ -523,27 +843,30 @@ impl<'m> Run<'m> {
             .record
             .freeze_version
             .expect("recorded with the freeze");
-        fence::set(
-            &self.target.client,
-            &self.key,
-            &Fence::Owned { min_version },
+        within(
+            deadline,
+            limit,
+            Step::FenceTarget,
+            self.set_fence_patiently(target, &Fence::Owned { min_version }, Step::FenceTarget),
         )
-        .await
-        .at(Step::FenceTarget, self.target.name())
+        .await?;
+        self.verified_here = true;
+        Ok(())
     }
 
     /// Method copy: the entity's rows, over connections of their own (a copy cut off by the
     /// deadline leaves them mid-stream; an abort ends them).
     async fn copy(&self) -> Result<(), Error> {
+        let target = self.target(Step::Copy)?;
         let mut read = self.source.another(self.id()).await?;
-        let mut write = self.target.another(self.id()).await?;
+        let mut write = target.another(self.id()).await?;
         let version = entry::current_version(&self.directory)
             .await
             .at(Step::Copy, Place::Directory)?;
         let (id, observer, record) = (self.id(), &self.mover.observer, &self.record);
         copy::copy_rows(
             (&mut read, self.source.name()),
-            (&mut write, self.target.name()),
+            (&mut write, target.name()),
             &self.tables,
             &self.key,
             version,
@@ -555,13 +878,31 @@ impl<'m> Run<'m> {
         .await
     }
 
-    /// `complete_move`, unless the freeze has run out: the point of no return.
+    /// `complete_move`, the point of no return, unless the freeze has run out (this run's
+    /// budget, or the lease the directory checks in the same transaction), or the source is no
+    /// longer frozen: then nothing written on it since its catch-up would be carried.
     async fn cutover(&mut self) -> Result<(), Error> {
+        if !self.verified_here {
+            self.catch_up_and_verify().await?;
+        }
         let deadline = self.deadline.expect("a frozen move has a deadline");
         if Instant::now() >= deadline {
             return Err(Error::FreezeExceeded {
                 step: Step::Cutover,
                 limit: max_freeze(&self.record),
+            });
+        }
+        let fence = fence::read(&self.source.client, &self.key)
+            .await
+            .at(Step::Cutover, self.source.name())?;
+        if fence != Fence::Frozen {
+            return Err(Error::State {
+                move_id: self.id(),
+                phase: self.record.phase,
+                why: format!(
+                    "the source's fence is {fence}, not frozen: someone changed it by hand, and \
+                     writes since its catch-up would be lost; the move is undone"
+                ),
             });
         }
         self.directory_step(DirectoryStep::Complete, Phase::Cutover)
@@ -570,14 +911,16 @@ impl<'m> Run<'m> {
         Ok(())
     }
 
+    /// Drops the subscription (on the target) and the slot and publication (on the source).
     async fn drop_replication(&self, step: Step) -> Result<(), Error> {
         if self.record.method != Method::Logical {
             return Ok(());
         }
         let name = &self.record.replication_name;
-        logical::drop_subscription(&self.target.client, name)
+        let target = self.target(step)?;
+        logical::drop_subscription(&target.client, name)
             .await
-            .at(step, self.target.name())?;
+            .at(step, target.name())?;
         logical::drop_publication(&self.source.client, name)
             .await
             .at(step, self.source.name())
@@ -609,24 +952,33 @@ impl<'m> Run<'m> {
             .at(Step::Record, Place::Directory)
     }
 
-    /// Back to the start: replication dropped, the entity's rows on the target deleted, both
-    /// fences as they were, the entry active on the source.
+    /// Back to the start, the entity released first: its source fence as it was and the entry
+    /// active on its source, so the freeze ends even when the target is slow or down; then the
+    /// target cleaned (replication dropped, the move's rows deleted, its fence as it was).
     pub(crate) async fn abort(&mut self) -> Result<(), Error> {
         let id = self.id();
         if self.record.phase != Phase::Aborting {
             self.enter(Phase::Aborting).await?;
         }
-        for side in [&self.source, &self.target] {
-            side.end_other_sessions(id).await?;
-        }
+        self.source.end_other_sessions(id).await?;
+        let before = self.record.source_fence.clone();
+        self.set_fence_patiently(&self.source, &before, Step::Abort)
+            .await?;
+        self.directory_step(DirectoryStep::Abort, Phase::Aborting)
+            .await?;
+        self.released = true;
+        self.deadline = None;
+        let target = self.target(Step::Abort)?;
+        target.end_other_sessions(id).await?;
         self.drop_replication(Step::Abort).await?;
         let version = entry::current_version(&self.directory)
             .await
             .at(Step::Abort, Place::Directory)?;
-        // The target held none of the entity's rows when the move began (preflight): all there
-        // are the move's.
+        // The target held none of the entity's rows when the move began (preflight), and its
+        // fence let nothing but the move write them since: all there are the move's.
+        let target = self.target.as_mut().expect("reached above");
         purge::delete_rows(
-            (&mut self.target.client, &self.target.endpoint.name),
+            (&mut target.client, &target.endpoint.name),
             &self.tables,
             &self.key,
             version,
@@ -635,16 +987,11 @@ impl<'m> Run<'m> {
             |_, _| {},
         )
         .await?;
-        fence::set(&self.target.client, &self.key, &self.record.target_fence)
-            .await
-            .at(Step::Abort, self.target.name())?;
-        fence::set(&self.source.client, &self.key, &self.record.source_fence)
-            .await
-            .at(Step::Abort, self.source.name())?;
-        self.directory_step(DirectoryStep::Abort, Phase::Aborted)
+        let target = self.target(Step::Abort)?;
+        let before = self.record.target_fence.clone();
+        self.set_fence_patiently(target, &before, Step::Abort)
             .await?;
-        self.deadline = None;
-        Ok(())
+        self.enter(Phase::Aborted).await
     }
 }
 

@@ -18,6 +18,20 @@ pub(crate) fn application_name(move_id: Option<i64>) -> String {
     }
 }
 
+/// Names the session of `client` after move `move_id`.
+pub(crate) async fn name_session(
+    client: &Client,
+    move_id: i64,
+) -> Result<(), tokio_postgres::Error> {
+    client
+        .execute(
+            "SELECT set_config('application_name', $1, false)",
+            &[&application_name(Some(move_id))],
+        )
+        .await
+        .map(|_| ())
+}
+
 impl Side {
     pub async fn connect(endpoint: Endpoint, move_id: Option<i64>) -> Result<Side, Error> {
         let client = registry::connect(&endpoint.config, &application_name(move_id))
@@ -40,14 +54,9 @@ impl Side {
 
     /// Names this session after the move, once the move has an id.
     pub async fn name_after(&self, move_id: i64) -> Result<(), Error> {
-        self.client
-            .execute(
-                "SELECT set_config('application_name', $1, false)",
-                &[&application_name(Some(move_id))],
-            )
+        name_session(&self.client, move_id)
             .await
             .at(Step::Connect, self.name())
-            .map(|_| ())
     }
 
     /// Ends every other session of move `move_id` on this shard (a crashed run's, a copy cut off

@@ -182,3 +182,51 @@ fn abort_move(entity_type: Option<&str>, entity_id: Option<&str>) -> i64 {
         },
     )
 }
+
+/// Releases the entity from a freeze whose lease has ended before its cutover: the entry goes back
+/// to active on its source (`abort_move`), and its move to `aborting`, for the mover's next run to
+/// clean up. Returns the new version, or NULL when there is nothing to release (no open move of
+/// the entity is frozen, or its lease has not ended on this server's clock). Routers call it when
+/// they find an entity read-only for long, so that a mover that vanished mid-freeze does not
+/// leave its entity frozen for good; the shards' fences end the same lease themselves. It runs
+/// as the owner of the extension's tables, so a role granted EXECUTE needs nothing else.
+#[pg_extern(volatile)]
+fn release_expired_freeze(entity_type: Option<&str>, entity_id: Option<&str>) -> Option<i64> {
+    let key = EntityKey::from_args(entity_type, entity_id);
+    privilege::as_owner_of(catalog::relation(c"shard_moves"), || {
+        // The move's row first, as the mover's cutover locks it: one of the two waits for the
+        // other, and the second finds the first's phase.
+        let expired = spi(
+            "find an expired freeze",
+            Spi::connect_mut(|c| {
+                let found = c.update(
+                    "SELECT move_id FROM shard_directory.shard_moves \
+                     WHERE entity_type = $1 AND entity_id = $2 AND finished_at IS NULL \
+                       AND phase IN ('frozen', 'verified') AND freeze_lease_until < clock_timestamp() \
+                     FOR UPDATE",
+                    Some(1),
+                    &[
+                        key.entity_type.as_str().into(),
+                        key.entity_id.as_str().into(),
+                    ],
+                )?;
+                if found.is_empty() {
+                    return Ok::<_, pgrx::spi::SpiError>(None);
+                }
+                found.first().get_one::<i64>()
+            }),
+        )?;
+        let version = abort_move(entity_type, entity_id);
+        spi(
+            "record the released freeze",
+            Spi::run_with_args(
+                "UPDATE shard_directory.shard_moves SET phase = 'aborting', updated_at = now(), \
+                 last_error = format('the freeze''s lease ended at %s before the cutover: the entity \
+                                      was released on its source', freeze_lease_until) \
+                 WHERE move_id = $1",
+                &[expired.into()],
+            ),
+        );
+        Some(version)
+    })
+}

@@ -48,7 +48,7 @@ fn check_entity(key: EntityRef<'_>, version: Option<i64>) {
             })
         }
         None | Some(Fence::Owned { .. }) => {}
-        Some(Fence::Frozen) => refuse(SdError::EntityFrozen {
+        Some(Fence::Frozen { .. }) => refuse(SdError::EntityFrozen {
             entity: key.to_key(),
         }),
         Some(Fence::Moved {

@@ -5,6 +5,7 @@
 //! None of these functions is executable by PUBLIC; a role granted EXECUTE needs no privilege on
 //! the tables: the functions write them as their owner.
 
+use pgrx::datum::Interval;
 use pgrx::prelude::*;
 
 use super::key;
@@ -48,24 +49,32 @@ fn raise_min_accepted(v: Option<i64>) -> i64 {
 /// Upserts the entity's fence; the row trigger takes the entity's exclusive lock. The id must be
 /// canonical for the key columns of its type's protected tables, or its rows' keys, which always
 /// are, would never find the fence.
-fn set_fence(key: EntityKey, fence_state: &str, min_version: Option<i64>, moved_to: Option<&str>) {
+fn set_fence(
+    key: EntityKey,
+    fence_state: &str,
+    min_version: Option<i64>,
+    moved_to: Option<&str>,
+    lease: Option<Interval>,
+) {
     let columns = privilege::as_owner_of(state::tables().settings, || {
         key::columns_of(&key.entity_type)
     });
     key::require_canonical(&key.entity_type, &key.entity_id, &columns);
     write(
         "set fence",
-        "INSERT INTO shard_directory.shard_fences AS f (entity_type, entity_id, state, min_version, moved_to) \
-         VALUES ($1, $2, $3, coalesce($4, 0), $5) \
+        "INSERT INTO shard_directory.shard_fences AS f \
+             (entity_type, entity_id, state, min_version, moved_to, lease_until) \
+         VALUES ($1, $2, $3, coalesce($4, 0), $5, clock_timestamp() + $6) \
          ON CONFLICT (entity_type, entity_id) DO UPDATE \
          SET state = excluded.state, min_version = coalesce($4, f.min_version), \
-             moved_to = excluded.moved_to, updated_at = now()",
+             moved_to = excluded.moved_to, lease_until = excluded.lease_until, updated_at = now()",
         &[
             key.entity_type.as_str().into(),
             key.entity_id.as_str().into(),
             fence_state.into(),
             min_version.into(),
             moved_to.into(),
+            lease.into(),
         ],
     );
 }
@@ -79,6 +88,7 @@ fn fence_owned(entity_type: Option<&str>, entity_id: Option<&str>, min_version: 
         "owned",
         Some(min_version),
         None,
+        None,
     );
 }
 
@@ -90,6 +100,30 @@ fn fence_frozen(entity_type: Option<&str>, entity_id: Option<&str>) {
         "frozen",
         None,
         None,
+        None,
+    );
+}
+
+/// As `fence_frozen`, for `lease` only (counted from when the fence takes effect): then the
+/// entity is governed as if fenced owned with a minimum one above `freeze_version`, the
+/// directory version of its freeze. The mover freezes this way, so an entity whose mover vanished
+/// is not frozen for good, and no client that has not seen the directory since the freeze gets
+/// through.
+#[pg_extern(volatile, name = "fence_frozen")]
+fn fence_frozen_for(
+    entity_type: Option<&str>,
+    entity_id: Option<&str>,
+    lease: Option<Interval>,
+    freeze_version: Option<i64>,
+) {
+    let lease = required(lease, "lease");
+    let freeze_version = required(freeze_version, "freeze_version");
+    set_fence(
+        EntityKey::from_args(entity_type, entity_id),
+        "frozen",
+        Some(freeze_version.saturating_add(1)),
+        None,
+        Some(lease),
     );
 }
 
@@ -108,6 +142,7 @@ fn fence_moved(
         "moved",
         Some(version),
         Some(moved_to),
+        None,
     );
 }
 

@@ -23,9 +23,44 @@ use crate::{catalog, privilege};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fence {
-    Owned { min_version: i64 },
-    Frozen,
-    Moved { moved_to: String, version: i64 },
+    Owned {
+        min_version: i64,
+    },
+    /// Every request refused; with a lease, only until it ends.
+    Frozen {
+        lease: Option<Lease>,
+    },
+    Moved {
+        moved_to: String,
+        version: i64,
+    },
+}
+
+/// A freeze that ends by itself: a mover that vanished cannot leave its entity frozen for good.
+/// Past `until` the fence is `Owned { min_version }`, with `min_version` one above the
+/// directory's freeze version, so only a client that saw a directory change after the freeze
+/// (the freeze released, or the cutover, which routes it elsewhere) gets through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// A `TimestampTz` (microseconds since 2000-01-01), read on this server's clock.
+    pub until: i64,
+    pub min_version: i64,
+}
+
+impl Fence {
+    /// The fence as it stands now: a frozen fence whose lease has ended is its `Owned` form.
+    fn in_force(self) -> Fence {
+        match self {
+            Fence::Frozen { lease: Some(l) }
+                if unsafe { pg_sys::GetCurrentTimestamp() } >= l.until =>
+            {
+                Fence::Owned {
+                    min_version: l.min_version,
+                }
+            }
+            f => f,
+        }
+    }
 }
 
 /// The fences of one entity type, and what a declared id of that type is checked against.
@@ -201,11 +236,12 @@ pub fn min_accepted() -> i64 {
 
 /// The entity's fence on this shard, if any. Call with the check's lock held.
 pub fn fence(key: EntityRef<'_>) -> Option<Fence> {
-    fences()
+    let fence = fences()
         .get(key.entity_type)?
         .by_id
         .get(key.entity_id)
-        .cloned()
+        .cloned();
+    fence.map(Fence::in_force)
 }
 
 /// Refuses an id a client declared (`app.entity_id`) that is not canonical for the key columns of
@@ -234,7 +270,7 @@ pub fn frozen_or_moved(entity_type: &str) -> Option<(EntityKey, &'static str)> {
     let first = |wanted: fn(&Fence) -> bool| {
         of_type
             .iter()
-            .filter(|(_, f)| wanted(f))
+            .filter(|(_, f)| wanted(&(*f).clone().in_force()))
             .map(|(id, _)| id)
             .min()
             .map(|id| EntityKey {
@@ -242,7 +278,7 @@ pub fn frozen_or_moved(entity_type: &str) -> Option<(EntityKey, &'static str)> {
                 entity_id: id.clone(),
             })
     };
-    first(|f| *f == Fence::Frozen)
+    first(|f| matches!(f, Fence::Frozen { .. }))
         .map(|k| (k, "frozen"))
         .or_else(|| first(|f| matches!(f, Fence::Moved { .. })).map(|k| (k, "moved")))
 }
@@ -252,12 +288,19 @@ fn fences() -> Rc<Fences> {
         |c| &mut c.fences,
         || {
             let rows = latest_rows(
-                c"SELECT entity_type, entity_id, state, min_version, moved_to FROM shard_directory.shard_fences",
+                c"SELECT entity_type, entity_id, state, min_version, moved_to, \
+                  ((extract(epoch FROM lease_until) - 946684800) * 1000000)::int8 \
+                  FROM shard_directory.shard_fences",
             );
             let mut fences = Fences::new();
             for row in rows {
                 let fence = match row[2].as_deref() {
-                    Some("frozen") => Fence::Frozen,
+                    Some("frozen") => Fence::Frozen {
+                        lease: row[5].as_ref().map(|_| Lease {
+                            until: int(&row[5]),
+                            min_version: int(&row[3]),
+                        }),
+                    },
                     Some("moved") => Fence::Moved {
                         moved_to: row[4].clone().unwrap_or_default(),
                         version: int(&row[3]),

@@ -5,6 +5,7 @@
 pub mod chart;
 mod cluster;
 pub mod mover_cli;
+pub mod observe;
 pub mod pgbench;
 pub mod pgbouncer;
 pub mod redis;

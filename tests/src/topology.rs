@@ -255,6 +255,66 @@ impl Topology {
         (r.get(0), r.get(1))
     }
 
+    /// Tenant `id`'s fence on `shard`, as `state` or `moved:<shard>`; None without one.
+    pub async fn fence(&self, shard: &str, id: &str) -> Option<String> {
+        self.shard(shard)
+            .await
+            .query_opt(
+                "SELECT state || coalesce(':' || moved_to, '') FROM shard_directory.shard_fences \
+                 WHERE entity_type = 'tenant' AND entity_id = $1",
+                &[&id],
+            )
+            .await
+            .expect("read the fence")
+            .map(|r| r.get(0))
+    }
+
+    /// Every publication, replication slot and subscription on every shard, as `shard: kind name`.
+    pub async fn replication_objects(&self) -> Vec<String> {
+        let mut found = Vec::new();
+        for (name, _) in &self.shards {
+            let rows = self
+                .shard(name)
+                .await
+                .query(
+                    "SELECT 'publication ' || pubname FROM pg_publication
+                     UNION ALL SELECT 'slot ' || slot_name FROM pg_replication_slots
+                     UNION ALL SELECT 'subscription ' || subname FROM pg_subscription",
+                    &[],
+                )
+                .await
+                .expect("list replication objects");
+            found.extend(
+                rows.iter()
+                    .map(|r| format!("{name}: {}", r.get::<_, String>(0))),
+            );
+        }
+        found
+    }
+
+    /// A router over every shard, its watcher connected.
+    pub async fn connected_router(&self) -> Router {
+        self.router(self.client_directory(DirectoryConfig::default()).await)
+    }
+
+    /// One order for tenant `id`, routed as the application writes it.
+    pub async fn order(
+        router: &Router,
+        id: &str,
+        item: &str,
+    ) -> Result<(), shard_directory_client::Error> {
+        router
+            .run(&EntityKey::new("tenant", id), async |tx| {
+                tx.execute(
+                    "INSERT INTO orders (tenant_id, item) VALUES ($1, $2)",
+                    &[&id, &item],
+                )
+                .await?;
+                Ok(())
+            })
+            .await
+    }
+
     /// The shard the directory names for tenant `id`.
     pub async fn placement(&self, id: &str) -> String {
         self.dba()

@@ -1,11 +1,13 @@
 //! The `shard-directory` CLI as an operator uses it: a dry run, a move with progress lines,
 //! `status --json` for scripts, `list`, `where` (now and at a time), `history`, `cleanup`, and
-//! its exit codes (0 done, 1 failed, 2 bad usage).
+//! its exit codes (0 done, 1 failed and nothing left to do, 2 bad usage, 3 left resumable, 4
+//! busy), and a move stopped by SIGINT.
 
 use std::process::Output;
 
 use serde_json::Value;
 use shard_directory_e2e::{mover_cli, Topology};
+use shard_directory_mover::Phase;
 
 async fn cli(t: Option<&Topology>, args: &[&str]) -> Output {
     let mut c = tokio::process::Command::new(mover_cli::binary());
@@ -222,4 +224,216 @@ async fn an_operator_moves_a_tenant_and_follows_it_with_the_cli() {
         succeeded(&cli(Some(&t), &["cleanup"]).await),
         "nothing to clean up\n"
     );
+}
+
+/// Waits until the CLI's move of tenant `id` says `phase` (and, with `caught_up`, has taken its
+/// catch-up position, so it is waiting for the target).
+async fn until_phase(t: &Topology, id: &str, phase: Phase, waiting_for_target: bool) -> i64 {
+    shard_directory_e2e::eventually(
+        &format!("the move to reach {phase}"),
+        std::time::Duration::from_secs(30),
+        || async {
+            let row = t
+                .dba()
+                .await
+                .query_opt(
+                    "SELECT move_id, phase, catchup_lsn IS NOT NULL FROM shard_directory.shard_moves \
+                     WHERE entity_id = $1 AND finished_at IS NULL",
+                    &[&id],
+                )
+                .await
+                .unwrap()?;
+            let (move_id, at, caught): (i64, String, bool) = (row.get(0), row.get(1), row.get(2));
+            (at == phase.as_str() && (caught || !waiting_for_target)).then_some(move_id)
+        },
+    )
+    .await
+}
+
+fn interrupt(child: &tokio::process::Child) {
+    let pid = child.id().expect("the CLI runs").to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+}
+
+#[tokio::test]
+async fn an_interrupted_move_is_aborted_before_its_cutover_and_finished_after_it() {
+    let t = Topology::start("cli-signals").await;
+    t.add_tenant("a", "shard_1").await;
+    t.seed_orders("shard_1", "a", 20, 1).await;
+    // The copy into the target waits on a lock: the move waits in the freeze.
+    let locker = t.shard("shard_2").await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE orders IN SHARE MODE")
+        .await
+        .unwrap();
+    let child = mover_cli::command(&t)
+        .args(["move", "tenant", "a", "--to", "shard_2", "--method", "copy"])
+        .args(["--max-freeze", "60s"])
+        .spawn()
+        .unwrap();
+    until_phase(&t, "a", Phase::Frozen, false).await;
+    interrupt(&child);
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    let out = child.wait_with_output().await.unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("interrupted") && stderr.contains("was aborted"),
+        "{stderr}"
+    );
+    assert_eq!(
+        t.entry("tenant", "a").await,
+        ("shard_1".into(), "active".into())
+    );
+    assert_eq!(t.fence("shard_1", "a").await, None);
+    assert_eq!(t.rows("shard_2", "a").await, (0, 0));
+    Topology::order(&t.connected_router().await, "a", "after the interrupt")
+        .await
+        .expect("writable on its source");
+
+    // After the cutover: the source's delete waits on a lock; interrupted, the move finishes.
+    let locker = t.shard("shard_1").await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE order_lines IN SHARE MODE")
+        .await
+        .unwrap();
+    let child = mover_cli::command(&t)
+        .args(["move", "tenant", "a", "--to", "shard_2", "--method", "copy"])
+        .spawn()
+        .unwrap();
+    until_phase(&t, "a", Phase::CleaningUp, false).await;
+    interrupt(&child);
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    let out = child.wait_with_output().await.unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("finishing it"), "{stderr}");
+    assert_eq!(
+        t.entry("tenant", "a").await,
+        ("shard_2".into(), "active".into())
+    );
+    assert_eq!(t.rows("shard_1", "a").await, (0, 0));
+    assert_eq!(t.rows("shard_2", "a").await, (21, 20));
+}
+
+#[tokio::test]
+async fn exit_codes_and_json_say_how_a_move_was_left() {
+    let t = Topology::start("cli-codes").await;
+    for id in ["a", "b", "k"] {
+        t.add_tenant(id, "shard_1").await;
+        t.seed_orders("shard_1", id, 3, 1).await;
+    }
+    // 3: stopped resumable (a checked transaction left open on the source holds the freeze).
+    let blocker = t.shard("shard_1").await;
+    blocker
+        .batch_execute(
+            "BEGIN; SELECT set_config('app.directory_version', '1000', true); \
+             SELECT shard_directory.assert_directory_version()",
+        )
+        .await
+        .unwrap();
+    let out = cli(
+        Some(&t),
+        &[
+            "--json",
+            "--fence-wait",
+            "1s",
+            "move",
+            "tenant",
+            "a",
+            "--to",
+            "shard_2",
+        ],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let failed: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
+    assert_eq!(failed["left"], "resumable");
+    assert_eq!(failed["phase"], "catching_up");
+    assert!(failed["error"]
+        .as_str()
+        .unwrap()
+        .contains("transactions in progress"));
+    blocker.batch_execute("COMMIT").await.unwrap();
+    let id = failed["move_id"].as_i64().unwrap();
+
+    // 4: busy, naming who holds the move.
+    let held =
+        shard_directory_e2e::observe::act_at(Phase::Frozen, || Box::pin(std::future::pending()));
+    let mover = t.mover(Default::default()).with_observer(held);
+    let holding = tokio::spawn(async move { mover.resume(id).await });
+    until_phase(&t, "a", Phase::Frozen, false).await;
+    let out = cli(Some(&t), &["abort", &id.to_string()]).await;
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("is being run by another process: pid"));
+    let status: Value = serde_json::from_str(&succeeded(
+        &cli(Some(&t), &["status", &id.to_string(), "--json"]).await,
+    ))
+    .unwrap();
+    assert_eq!(status["schema_version"], 1);
+    assert_eq!(status["phase"], "frozen");
+    assert!(status["driver"]["pid"].as_i64().is_some(), "{status}");
+    assert!(
+        status["slot"]["retained_wal_bytes"].as_i64().is_some(),
+        "{status}"
+    );
+    assert_eq!(
+        status["last_error"],
+        Value::Null,
+        "cleared by the steps since"
+    );
+    let open: Value = serde_json::from_str(&succeeded(
+        &cli(Some(&t), &["list", "--open", "--json"]).await,
+    ))
+    .unwrap();
+    assert_eq!(open.as_array().unwrap().len(), 1);
+    let later: Value = serde_json::from_str(&succeeded(
+        &cli(Some(&t), &["list", "--since", "2999-01-01", "--json"]).await,
+    ))
+    .unwrap();
+    assert!(later.as_array().unwrap().is_empty());
+    holding.abort();
+    let _ = holding.await;
+    let record: Value = serde_json::from_str(&succeeded(
+        &cli(Some(&t), &["resume", &id.to_string(), "--json"]).await,
+    ))
+    .unwrap();
+    assert_eq!(record["phase"], "done");
+
+    // 1: refused before anything changed.
+    let out = cli(Some(&t), &["move", "tenant", "b", "--to", "shard_9"]).await;
+    assert_eq!(out.status.code(), Some(1));
+
+    // --keep-source leaves the rows fenced on the source; purge-source deletes them.
+    let kept = succeeded(
+        &cli(
+            Some(&t),
+            &[
+                "move",
+                "tenant",
+                "k",
+                "--to",
+                "shard_2",
+                "--method",
+                "copy",
+                "--keep-source",
+            ],
+        )
+        .await,
+    );
+    let kept_id: i64 = kept
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .expect("move <id> done");
+    assert_eq!(t.rows("shard_1", "k").await, (3, 3));
+    succeeded(&cli(Some(&t), &["purge-source", &kept_id.to_string()]).await);
+    assert_eq!(t.rows("shard_1", "k").await, (0, 0));
+    assert_eq!(t.rows("shard_2", "k").await, (3, 3));
+    let again = cli(Some(&t), &["purge-source", &id.to_string()]).await;
+    assert_eq!(again.status.code(), Some(1), "not a --keep-source move");
 }

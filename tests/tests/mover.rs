@@ -6,13 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
-use shard_directory_client::{DirectoryConfig, EntityKey, Router, State};
+use shard_directory_client::{EntityKey, Router, State};
+use shard_directory_e2e::observe::{self, act_at};
 use shard_directory_e2e::{eventually, Topology};
 use shard_directory_mover::{
-    Error, Fence, Left, Method, MethodChoice, MoveOptions, MoveRecord, Observer, Phase,
+    Error, Fence, Left, Method, MethodChoice, MoveOptions, MoveRecord, Phase,
 };
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tokio_postgres::Client;
 
 fn tenant(id: &str) -> EntityKey {
@@ -34,16 +34,7 @@ async fn seed(t: &Topology, shard: &str, id: &str, orders: i64) {
 }
 
 async fn fence_of(t: &Topology, shard: &str, id: &str) -> Option<String> {
-    t.shard(shard)
-        .await
-        .query_opt(
-            "SELECT state || coalesce(':' || moved_to, '') FROM shard_directory.shard_fences \
-             WHERE entity_type = 'tenant' AND entity_id = $1",
-            &[&id],
-        )
-        .await
-        .unwrap()
-        .map(|r| r.get(0))
+    t.fence(shard, id).await
 }
 
 /// `(shard_name, state)` of the tenant's entry.
@@ -51,44 +42,16 @@ async fn entry(t: &Topology, id: &str) -> (String, String) {
     t.entry("tenant", id).await
 }
 
-/// Publications, slots and subscriptions named like a move's, on every shard.
 async fn replication_objects(t: &Topology) -> Vec<String> {
-    let mut found = Vec::new();
-    for (name, _) in &t.shards {
-        let c = t.shard(name).await;
-        for r in c
-            .query(
-                "SELECT 'publication ' || pubname FROM pg_publication
-                 UNION ALL SELECT 'slot ' || slot_name FROM pg_replication_slots
-                 UNION ALL SELECT 'subscription ' || subname FROM pg_subscription",
-                &[],
-            )
-            .await
-            .unwrap()
-        {
-            found.push(format!("{}: {}", name, r.get::<_, String>(0)));
-        }
-    }
-    found
+    t.replication_objects().await
 }
 
-/// One order for `id`, routed as the application writes it.
 async fn order(router: &Router, id: &str, item: &str) -> Result<(), shard_directory_client::Error> {
-    router
-        .run(&tenant(id), async |tx| {
-            tx.execute(
-                "INSERT INTO orders (tenant_id, item) VALUES ($1, $2)",
-                &[&id, &item],
-            )
-            .await?;
-            Ok(())
-        })
-        .await
+    Topology::order(router, id, item).await
 }
 
-/// A router over every shard of `t`, its watcher connected.
 async fn router(t: &Topology) -> Router {
-    t.router(t.client_directory(DirectoryConfig::default()).await)
+    t.connected_router().await
 }
 
 /// Inserts orders for `id` through a router until told to stop; returns how many were acked.
@@ -184,37 +147,9 @@ async fn a_copy_move_carries_every_row_while_the_application_writes() {
     move_under_load(MethodChoice::Copy, Method::Copy).await;
 }
 
-/// Starts a move of `id` to `to` and stops it dead once its record says `at`; returns its id.
+/// Starts a move of tenant `id` to `to` and stops it dead once its record says `at`.
 async fn crash_at(t: &Topology, method: MethodChoice, id: &str, to: &str, at: Phase) -> i64 {
-    // Held at `at` for good, as a crash there would leave it; the test drops the move.
-    let reached = Arc::new(Notify::new());
-    let hold = act_at(at, {
-        let reached = reached.clone();
-        move || {
-            reached.notify_one();
-            Box::pin(std::future::pending())
-        }
-    });
-    let mover = t.mover(options(method)).with_observer(hold);
-    let key = tenant(id);
-    tokio::select! {
-        r = mover.start(&key, to) => panic!("the move of {id} should stop at {at}: {r:?}"),
-        _ = reached.notified() => {}
-    }
-    open_move(t, id).await
-}
-
-async fn open_move(t: &Topology, id: &str) -> i64 {
-    t.dba()
-        .await
-        .query_one(
-            "SELECT move_id FROM shard_directory.shard_moves \
-             WHERE entity_id = $1 AND finished_at IS NULL",
-            &[&id],
-        )
-        .await
-        .expect("an open move")
-        .get(0)
+    observe::crash_at(t, options(method), &tenant(id), to, at).await
 }
 
 async fn assert_aborted(t: &Topology, record: &MoveRecord, id: &str, seeded: (i64, i64)) {
@@ -335,34 +270,6 @@ async fn an_abort_puts_back_the_fences_an_earlier_move_left() {
     );
 }
 
-type Action = Box<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>;
-
-/// Runs `act` when the move reaches `at`; the move goes on when it is done.
-struct ActAt {
-    at: Phase,
-    act: Action,
-}
-
-impl Observer for ActAt {
-    fn phase(&self, _move_id: i64, phase: Phase) -> BoxFuture<'_, ()> {
-        if phase == self.at {
-            (self.act)()
-        } else {
-            Box::pin(std::future::ready(()))
-        }
-    }
-}
-
-fn act_at(
-    at: Phase,
-    act: impl Fn() -> BoxFuture<'static, ()> + Send + Sync + 'static,
-) -> Arc<ActAt> {
-    Arc::new(ActAt {
-        at,
-        act: Box::new(act),
-    })
-}
-
 /// One row of a query's first column, as i64, on `c`.
 async fn count(c: &Client, sql: &str) -> i64 {
     c.query_one(sql, &[]).await.unwrap().get(0)
@@ -378,24 +285,28 @@ async fn the_freeze_waits_until_the_target_applied_every_write_committed_before_
         Arc::new(t.shard("shard_1").await),
         Arc::new(t.shard("shard_2").await),
     );
-    // Once the initial copy is done: a checked write of the tenant left open on the source (the
-    // fence will wait for it), and a lock on the target that its apply will stall on.
+    // Once the initial copy is done: a lock on the target that its apply will stall on, and a
+    // checked write of the tenant in flight on the source when the freeze begins (the fence
+    // waits for it; it commits a second later, on its own).
     let act = act_at(Phase::CatchingUp, {
         let (writer, locker) = (writer.clone(), locker.clone());
         move || {
             let (writer, locker) = (writer.clone(), locker.clone());
             Box::pin(async move {
-                writer
-                    .batch_execute(&format!(
-                        "BEGIN; SELECT set_config('app.directory_version', '{version}', true);
-                         INSERT INTO orders (tenant_id, item) VALUES ('a', 'late')"
-                    ))
-                    .await
-                    .unwrap();
                 locker
                     .batch_execute("BEGIN; LOCK TABLE orders IN SHARE MODE")
                     .await
                     .unwrap();
+                tokio::spawn(async move {
+                    writer
+                        .batch_execute(&format!(
+                            "BEGIN; SELECT set_config('app.directory_version', '{version}', true);
+                             INSERT INTO orders (tenant_id, item) VALUES ('a', 'late');
+                             SELECT pg_sleep(1); COMMIT"
+                        ))
+                        .await
+                        .unwrap();
+                });
             })
         }
     });
@@ -417,7 +328,6 @@ async fn the_freeze_waits_until_the_target_applied_every_write_committed_before_
             (waiting.await == 1).then_some(())
         })
         .await;
-        writer.batch_execute("COMMIT").await.unwrap();
         eventually("the mover to wait for the catch-up", DEADLINE, || async {
             let waiting = count(
                 &dba,
@@ -456,14 +366,15 @@ async fn a_verification_mismatch_aborts_and_names_the_differing_keys() {
     let t = Topology::with_shards("mismatch", 2).await;
     t.add_tenant("a", "shard_1").await;
     seed(&t, "shard_1", "a", 50).await;
-    // A row of the tenant appears on the target behind the mover's back, under the freeze.
+    // A row of the tenant appears on the target behind the mover's back (and its fence's: by a
+    // superuser, with triggers off), under the freeze.
     let target = Arc::new(t.shard("shard_2").await);
     let act = act_at(Phase::Frozen, move || {
         let target = target.clone();
         Box::pin(async move {
             target
                 .batch_execute(
-                    "BEGIN; SELECT set_config('app.directory_version', '1000', true);
+                    "BEGIN; SET LOCAL session_replication_role = replica;
                      INSERT INTO orders (tenant_id, item, order_id) VALUES ('a', 'rogue', 999999);
                      COMMIT",
                 )

@@ -6,14 +6,11 @@
 //! changes anything.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use futures_util::future::BoxFuture;
 use shard_directory_client::EntityKey;
+use shard_directory_e2e::observe::{self, act_at};
 use shard_directory_e2e::Topology;
-use shard_directory_mover::{
-    Error, Failure, Left, Method, MethodChoice, MoveOptions, Observer, Phase,
-};
+use shard_directory_mover::{Error, Failure, Left, Method, MethodChoice, MoveOptions, Phase};
 use tokio_postgres::error::SqlState;
 
 fn options(method: MethodChoice) -> MoveOptions {
@@ -386,22 +383,6 @@ async fn a_table_that_may_hold_the_entitys_rows_must_be_protected_and_then_moves
     );
 }
 
-/// Runs `act` once the move reaches `at`; the move goes on when it is done.
-struct ActAt {
-    at: Phase,
-    act: Box<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>,
-}
-
-impl Observer for ActAt {
-    fn phase(&self, _move_id: i64, phase: Phase) -> BoxFuture<'_, ()> {
-        if phase == self.at {
-            (self.act)()
-        } else {
-            Box::pin(std::future::ready(()))
-        }
-    }
-}
-
 #[tokio::test]
 async fn a_foreign_key_that_joins_two_entities_is_refused_and_aborts_a_frozen_move() {
     let t = Topology::with_shards("crossing", 2).await;
@@ -445,20 +426,17 @@ async fn a_foreign_key_that_joins_two_entities_is_refused_and_aborts_a_frozen_mo
     // Another tenant's row starts referencing the entity's rows while it is frozen.
     let writer = Arc::new(t.shard("shard_1").await);
     let version = t.step("SELECT shard_directory.current_version()").await + 10;
-    let act = Arc::new(ActAt {
-        at: Phase::Frozen,
-        act: Box::new(move || {
-            let (writer, cross) = (writer.clone(), cross.clone());
-            Box::pin(async move {
-                writer
-                    .batch_execute(&format!(
-                        "BEGIN; SELECT set_config('app.directory_version', '{version}', true); \
-                         {cross}; COMMIT"
-                    ))
-                    .await
-                    .expect("tenant b writes while a is frozen");
-            })
-        }),
+    let act = act_at(Phase::Frozen, move || {
+        let (writer, cross) = (writer.clone(), cross.clone());
+        Box::pin(async move {
+            writer
+                .batch_execute(&format!(
+                    "BEGIN; SELECT set_config('app.directory_version', '{version}', true); \
+                     {cross}; COMMIT"
+                ))
+                .await
+                .expect("tenant b writes while a is frozen");
+        })
     });
     let failure: Failure = t
         .mover(MoveOptions::default())
@@ -515,25 +493,14 @@ async fn a_table_that_references_itself_moves_and_aborts_whatever_the_delete_bat
         );
     }
     // An abort after the target holds the chain clears it there too.
-    let act = Arc::new(ActAt {
-        at: Phase::Verified,
-        act: Box::new(|| Box::pin(std::future::pending())),
-    });
-    let mover = t.mover(small(MethodChoice::Copy)).with_observer(act);
-    tokio::select! {
-        r = mover.start(&key, "shard_2") => panic!("held at verified: {r:?}"),
-        _ = async {
-            shard_directory_e2e::eventually("the move to be verified", Duration::from_secs(30), || async {
-                let phase: Option<String> = t.dba().await
-                    .query_opt("SELECT phase FROM shard_directory.shard_moves WHERE finished_at IS NULL", &[])
-                    .await.unwrap().map(|r| r.get(0));
-                (phase.as_deref() == Some("verified")).then_some(())
-            }).await
-        } => {}
-    }
-    let open: i64 = t
-        .step("SELECT move_id FROM shard_directory.shard_moves WHERE finished_at IS NULL")
-        .await;
+    let open = observe::crash_at(
+        &t,
+        small(MethodChoice::Copy),
+        &key,
+        "shard_2",
+        Phase::Verified,
+    )
+    .await;
     assert_eq!(count(&t, "shard_2", folders).await, 50);
     let record = t
         .mover(small(MethodChoice::Copy))

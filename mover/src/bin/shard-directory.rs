@@ -1,9 +1,14 @@
 //! `shard-directory`: moves tenants between shards and shows where they are and have been.
 //!
-//! Exit codes: 0 done; 1 failed (the message says whether the move was aborted, left resumable,
-//! or never started); 2 bad usage or configuration.
+//! Exit codes, for scripts: 0 done; 1 failed, and nothing changed or the move was aborted back to
+//! its start; 2 bad usage or configuration; 3 failed and left resumable (`resume` continues it,
+//! or `abort` finishes undoing it); 4 busy (another process runs the move).
+//!
+//! SIGINT or SIGTERM during `move` or `resume` stops the run: before the cutover the move is
+//! aborted (the entity writable on its source again), after it the move is finished.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,9 +18,10 @@ use std::time::{Duration, Instant, SystemTime};
 use clap::{Parser, Subcommand, ValueEnum};
 use futures_util::future::BoxFuture;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use serde_json::json;
 use shard_directory_client::EntityKey;
 use shard_directory_mover::{
-    Error, Failure, MethodChoice, MoveOptions, MoveRecord, Mover, Observer, Overrides, Phase,
+    Error, Failure, Left, MethodChoice, MoveOptions, MoveRecord, Mover, Observer, Overrides, Phase,
 };
 
 #[derive(Parser)]
@@ -31,8 +37,53 @@ struct Cli {
     /// TOML file overriding shards' connection strings ([shards.<name>] conninfo, replication_conninfo).
     #[arg(long, global = true)]
     config: Option<PathBuf>,
+    #[command(flatten)]
+    tuning: Tuning,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How long the steps of `move`, `resume` and `abort` may wait, and how much they do at once.
+#[derive(clap::Args)]
+struct Tuning {
+    /// Longest time the initial copy, and the catch-up before the freeze, may take.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30m", global = true)]
+    sync_timeout: Duration,
+    /// Rows deleted per transaction when clearing a shard of the entity's rows.
+    #[arg(long, default_value_t = 10_000, global = true)]
+    delete_batch: i64,
+    /// How long a fence change (or the replication slot) may keep waiting behind a shard's
+    /// transactions in flight.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s", global = true)]
+    fence_wait: Duration,
+    /// WAL the move's slot may keep on the source, in bytes (suffixes kB, MB, GB); past it the
+    /// move is undone.
+    #[arg(long, value_parser = parse_bytes, default_value = "1GB", global = true)]
+    max_slot_lag: i64,
+    /// How much longer than --max-freeze a freeze holds when no mover ends it.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s", global = true)]
+    lease_grace: Duration,
+    /// Print the result as JSON on stdout (move, resume, abort, purge-source).
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+fn parse_bytes(s: &str) -> Result<i64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let number: i64 = number.parse().map_err(|_| format!("{s}: not a size"))?;
+    let scale = match unit.trim() {
+        "" | "B" => 1,
+        "kB" | "KB" => 1 << 10,
+        "MB" => 1 << 20,
+        "GB" => 1 << 30,
+        "TB" => 1 << 40,
+        other => return Err(format!("{s}: unknown unit {other} (B, kB, MB, GB, TB)")),
+    };
+    number
+        .checked_mul(scale)
+        .ok_or_else(|| format!("{s}: too large"))
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -56,7 +107,8 @@ enum Command {
         /// Longest time the entity's writes may be refused; past it the move aborts itself.
         #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
         max_freeze: Duration,
-        /// Leave the entity's rows on the source (fenced, unreachable through the directory).
+        /// Leave the entity's rows on the source (fenced, unreachable through the directory);
+        /// `purge-source` deletes them later.
         #[arg(long)]
         keep_source: bool,
         /// Check everything and print the plan; change nothing.
@@ -71,16 +123,16 @@ enum Command {
     Resume { move_id: i64 },
     /// Return a move to its start (not once it has passed complete_move).
     Abort { move_id: i64 },
-    /// One move, or the open ones.
-    Status {
-        move_id: Option<i64>,
-        #[arg(long)]
-        json: bool,
-    },
+    /// One move (with who drives it and what its slot keeps), or the open ones.
+    Status { move_id: Option<i64> },
     /// Every move, newest first.
     List {
+        /// Only the moves not finished yet.
         #[arg(long)]
-        json: bool,
+        open: bool,
+        /// Only the moves started at or after this time (any timestamptz PostgreSQL reads).
+        #[arg(long)]
+        since: Option<String>,
     },
     /// Which shard holds an entity (now, or at a time).
     Where {
@@ -94,18 +146,23 @@ enum Command {
     History {
         entity_type: String,
         entity_id: String,
-        #[arg(long)]
-        json: bool,
     },
     /// Drop replication objects left behind by finished or aborted moves.
     Cleanup,
+    /// Delete the rows a finished `move --keep-source` left on its source.
+    PurgeSource { move_id: i64 },
 }
 
-/// Progress bars on a terminal, plain lines otherwise.
+/// Progress bars on a terminal, plain lines otherwise: one per phase, per finished table, per
+/// change of the replication lag (at most one a second).
 struct Progress {
     bars: Option<MultiProgress>,
     tables: Mutex<HashMap<String, ProgressBar>>,
-    lag_shown: Mutex<Option<Instant>>,
+    lag_shown: Mutex<Option<(Instant, i64)>>,
+    /// The move this process runs, once it has an id.
+    move_id: Mutex<Option<i64>>,
+    /// Its phase, as last reported.
+    phase: Mutex<Option<Phase>>,
 }
 
 impl Progress {
@@ -114,6 +171,8 @@ impl Progress {
             bars: std::io::stderr().is_terminal().then(MultiProgress::new),
             tables: Mutex::default(),
             lag_shown: Mutex::default(),
+            move_id: Mutex::default(),
+            phase: Mutex::default(),
         }
     }
 
@@ -126,10 +185,16 @@ impl Progress {
             None => eprintln!("{stamp} {message}"),
         }
     }
+
+    fn move_id(&self) -> Option<i64> {
+        *self.move_id.lock().expect("progress lock")
+    }
 }
 
 impl Observer for Progress {
     fn phase(&self, move_id: i64, phase: Phase) -> BoxFuture<'_, ()> {
+        *self.move_id.lock().expect("progress lock") = Some(move_id);
+        *self.phase.lock().expect("progress lock") = Some(phase);
         self.line(&format!("move {move_id}: {phase}"));
         Box::pin(std::future::ready(()))
     }
@@ -158,10 +223,10 @@ impl Observer for Progress {
 
     fn lag(&self, move_id: i64, bytes: i64) {
         let mut shown = self.lag_shown.lock().expect("progress lock");
-        if shown.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+        if shown.is_some_and(|(at, last)| last == bytes || at.elapsed() < Duration::from_secs(1)) {
             return;
         }
-        *shown = Some(Instant::now());
+        *shown = Some((Instant::now(), bytes));
         self.line(&format!("move {move_id}: replication lag {bytes} bytes"));
     }
 
@@ -204,24 +269,151 @@ fn json<T: serde::Serialize>(value: &T) -> String {
     serde_json::to_string_pretty(value).expect("plain data serialises")
 }
 
+/// How the command ended, and the exit code that says so.
 enum Outcome {
     Done,
-    Failed(String),
+    /// Exit code and message.
+    Failed(u8, String),
     Usage(String),
+}
+
+fn exit_code(left: Left) -> u8 {
+    match left {
+        Left::Untouched | Left::Aborted => 1,
+        Left::Resumable | Left::Released => 3,
+    }
 }
 
 impl From<Error> for Outcome {
     fn from(e: Error) -> Outcome {
         match e {
             Error::Config(_) => Outcome::Usage(e.to_string()),
-            other => Outcome::Failed(other.to_string()),
+            Error::Busy { .. } => Outcome::Failed(4, e.to_string()),
+            other => Outcome::Failed(1, other.to_string()),
         }
     }
 }
 
 impl From<Failure> for Outcome {
     fn from(f: Failure) -> Outcome {
-        Outcome::Failed(f.to_string())
+        let code = match f.error {
+            Error::Busy { .. } => 4,
+            _ => exit_code(f.left),
+        };
+        Outcome::Failed(code, f.to_string())
+    }
+}
+
+/// A move's outcome, printed as `--json` asks: the record, or what failed and how it was left.
+fn report(result: Result<MoveRecord, Failure>, as_json: bool) -> Result<(), Outcome> {
+    match (result, as_json) {
+        (Ok(record), false) => {
+            println!("{}", summary(&record));
+            Ok(())
+        }
+        (Ok(record), true) => {
+            println!("{}", json(&record));
+            Ok(())
+        }
+        (Err(failure), false) => Err(failure.into()),
+        (Err(failure), true) => {
+            let left = match failure.left {
+                Left::Untouched => "untouched",
+                Left::Aborted => "aborted",
+                Left::Released => "released",
+                Left::Resumable => "resumable",
+            };
+            println!(
+                "{}",
+                json(&json!({
+                    "error": failure.error.to_string(),
+                    "left": left,
+                    "move_id": failure.move_id,
+                    "phase": failure.phase.map(|p| p.as_str()),
+                    "abort_error": failure.abort_error.as_ref().map(|e| e.to_string()),
+                }))
+            );
+            Err(failure.into())
+        }
+    }
+}
+
+/// Resolves when the process is asked to stop (SIGINT, SIGTERM).
+async fn interrupted() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (mut int, mut term) = match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(int), Ok(term)) => (int, term),
+        _ => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// Runs a move to its end, unless the process is asked to stop: then the run is dropped (its
+/// sessions end, and its lock with them) and the move is aborted if it has not passed its
+/// cutover, or finished if it has.
+async fn run_to_the_end(
+    mover: &Mover,
+    progress: &Progress,
+    key: Option<&EntityKey>,
+    work: impl Future<Output = Result<MoveRecord, Failure>>,
+) -> Result<MoveRecord, Failure> {
+    let untouched = |e| Failure {
+        move_id: None,
+        error: e,
+        left: Left::Untouched,
+        phase: None,
+        abort_error: None,
+    };
+    tokio::select! {
+        result = work => return result,
+        () = interrupted() => {}
+    }
+    progress.line("interrupted: stopping the move");
+    let id = match progress.move_id() {
+        Some(id) => Some(id),
+        // Interrupted before the first phase was reported: the move may have begun all the same.
+        None => match key {
+            Some(key) => mover
+                .list(true, None)
+                .await
+                .map_err(untouched)?
+                .into_iter()
+                .find(|r| r.entity() == *key)
+                .map(|r| r.move_id),
+            None => None,
+        },
+    };
+    let Some(id) = id else {
+        return Err(untouched(Error::Config(
+            "interrupted before the move began: nothing was changed".into(),
+        )));
+    };
+    let phase = mover.status(id).await.map_err(untouched)?.phase;
+    if phase.can_abort() {
+        progress.line(&format!("move {id}: aborting it (it had not cut over)"));
+        let aborted = mover.abort(id).await?;
+        Err(Failure {
+            move_id: Some(id),
+            error: Error::State {
+                move_id: id,
+                phase: aborted.phase,
+                why: "interrupted before its cutover".into(),
+            },
+            left: Left::Aborted,
+            phase: Some(aborted.phase),
+            abort_error: None,
+        })
+    } else {
+        progress.line(&format!(
+            "move {id}: finishing it (it has cut over: only forward)"
+        ));
+        mover.resume(id).await
     }
 }
 
@@ -236,7 +428,15 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
         Some(path) => Overrides::load(path)?,
         None => Overrides::default(),
     };
-    let mut options = MoveOptions::default();
+    let tuning = &cli.tuning;
+    let mut options = MoveOptions {
+        sync_timeout: tuning.sync_timeout,
+        delete_batch: tuning.delete_batch,
+        fence_patience: tuning.fence_wait,
+        max_slot_lag: tuning.max_slot_lag,
+        lease_grace: tuning.lease_grace,
+        ..Default::default()
+    };
     if let Command::Move {
         method,
         max_freeze,
@@ -254,8 +454,9 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
         options.max_freeze = *max_freeze;
         options.keep_source = *keep_source;
     }
-    let mover = Mover::new(directory, overrides, options)
-        .with_observer(std::sync::Arc::new(Progress::new()));
+    let progress = std::sync::Arc::new(Progress::new());
+    let mover = Mover::new(directory, overrides, options).with_observer(progress.clone());
+    let as_json = tuning.json;
     match cli.command {
         Command::Move {
             entity_type,
@@ -268,33 +469,65 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
             if dry_run {
                 println!("{}", mover.plan(&key, &to).await?);
             } else {
-                println!("{}", summary(&mover.start(&key, &to).await?));
+                let work = mover.start(&key, &to);
+                report(
+                    run_to_the_end(&mover, &progress, Some(&key), work).await,
+                    as_json,
+                )?;
             }
         }
-        Command::Resume { move_id } => println!("{}", summary(&mover.resume(move_id).await?)),
-        Command::Abort { move_id } => println!("{}", summary(&mover.abort(move_id).await?)),
-        Command::Status { move_id, json: j } => {
-            let records = match move_id {
-                Some(id) => vec![mover.status(id).await?],
-                None => mover.list(true).await?,
-            };
-            match (j, move_id) {
-                (true, Some(_)) => println!("{}", json(&records[0])),
-                (true, None) => println!("{}", json(&records)),
-                (false, _) if records.is_empty() => println!("no open moves"),
-                (false, _) => {
-                    for r in &records {
-                        println!("{}", summary(r));
+        Command::Resume { move_id } => {
+            let work = mover.resume(move_id);
+            report(run_to_the_end(&mover, &progress, None, work).await, as_json)?;
+        }
+        Command::Abort { move_id } => report(mover.abort(move_id).await, as_json)?,
+        Command::PurgeSource { move_id } => {
+            let record = mover.purge_source(move_id).await?;
+            if as_json {
+                println!("{}", json(&record));
+            } else {
+                println!("{}", summary(&record));
+            }
+        }
+        Command::Status { move_id } => match move_id {
+            Some(id) => {
+                let status = mover.status_detail(id).await?;
+                if as_json {
+                    println!("{}", json(&status));
+                } else {
+                    println!("{}", summary(&status.record));
+                    if let Some(d) = &status.driver {
+                        println!("  driven by {d}");
+                    }
+                    if let Some(s) = &status.slot {
+                        println!(
+                            "  slot {} on {} keeps {} bytes of WAL ({})",
+                            s.name,
+                            s.shard,
+                            s.retained_wal_bytes,
+                            s.wal_status.as_deref().unwrap_or("?")
+                        );
                     }
                 }
             }
-        }
-        Command::List { json: j } => {
-            let records = mover.list(false).await?;
-            if j {
+            None => {
+                let records = mover.list(true, None).await?;
+                if as_json {
+                    println!("{}", json(&records));
+                } else if records.is_empty() {
+                    println!("no open moves");
+                }
+                for r in records.iter().filter(|_| !as_json) {
+                    println!("{}", summary(r));
+                }
+            }
+        },
+        Command::List { open, since } => {
+            let records = mover.list(open, since.as_deref()).await?;
+            if as_json {
                 println!("{}", json(&records));
             }
-            for r in records.iter().filter(|_| !j) {
+            for r in records.iter().filter(|_| !as_json) {
                 println!(
                     "{:>6}  {:<11}  {}/{}  {} -> {}  {}  started {} by {}",
                     r.move_id,
@@ -330,22 +563,23 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
                             .unwrap_or_default(),
                         p.version
                     ),
-                    None => return Err(Outcome::Failed(format!("no directory entry for {key}"))),
+                    None => {
+                        return Err(Outcome::Failed(1, format!("no directory entry for {key}")))
+                    }
                 },
             }
         }
         Command::History {
             entity_type,
             entity_id,
-            json: j,
         } => {
             let rows = mover
                 .history(&EntityKey::new(entity_type, entity_id))
                 .await?;
-            if j {
+            if as_json {
                 println!("{}", json(&rows));
             }
-            for h in rows.iter().filter(|_| !j) {
+            for h in rows.iter().filter(|_| !as_json) {
                 println!(
                     "{}  v{:<6} {:<18} {} -> {} ({}{})  by {}",
                     h.changed_at,
@@ -390,9 +624,9 @@ async fn main() -> ExitCode {
     };
     match outcome {
         Outcome::Done => ExitCode::SUCCESS,
-        Outcome::Failed(message) => {
+        Outcome::Failed(code, message) => {
             eprintln!("shard-directory: {message}");
-            ExitCode::from(1)
+            ExitCode::from(code)
         }
         Outcome::Usage(message) => {
             eprintln!("shard-directory: {message}");

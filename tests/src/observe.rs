@@ -1,0 +1,93 @@
+//! Observers that act on a move when it reaches a phase (as a slow step, another process or a
+//! crash there would), and a move stopped dead at a phase.
+
+use std::sync::{Arc, Mutex};
+
+use futures_util::future::BoxFuture;
+use shard_directory_client::EntityKey;
+use shard_directory_mover::{MoveOptions, Observer, Phase};
+use tokio::sync::Notify;
+
+use crate::Topology;
+
+type Action = Box<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// Runs its action when the move reaches its phase; the move goes on when the action is done.
+/// Keeps the move's notes.
+pub struct ActAt {
+    at: Phase,
+    act: Action,
+    notes: Mutex<Vec<String>>,
+}
+
+impl Observer for ActAt {
+    fn phase(&self, _move_id: i64, phase: Phase) -> BoxFuture<'_, ()> {
+        if phase == self.at {
+            (self.act)()
+        } else {
+            Box::pin(std::future::ready(()))
+        }
+    }
+
+    fn note(&self, _move_id: i64, message: &str) {
+        self.notes.lock().unwrap().push(message.to_owned());
+    }
+}
+
+impl ActAt {
+    /// What the move noted so far.
+    pub fn notes(&self) -> Vec<String> {
+        self.notes.lock().unwrap().clone()
+    }
+}
+
+/// Runs `act` when the move reaches `at`.
+pub fn act_at(
+    at: Phase,
+    act: impl Fn() -> BoxFuture<'static, ()> + Send + Sync + 'static,
+) -> Arc<ActAt> {
+    Arc::new(ActAt {
+        at,
+        act: Box::new(act),
+        notes: Mutex::default(),
+    })
+}
+
+/// Starts a move of `key` to `to` with `options` and stops it dead once its record says `at`,
+/// as a crash there would leave it (its sessions end with it); returns its id.
+pub async fn crash_at(
+    t: &Topology,
+    options: MoveOptions,
+    key: &EntityKey,
+    to: &str,
+    at: Phase,
+) -> i64 {
+    let reached = Arc::new(Notify::new());
+    let hold = act_at(at, {
+        let reached = reached.clone();
+        move || {
+            reached.notify_one();
+            Box::pin(std::future::pending())
+        }
+    });
+    let mover = t.mover(options).with_observer(hold);
+    tokio::select! {
+        r = mover.start(key, to) => panic!("the move of {key} should stop at {at}: {r:?}"),
+        _ = reached.notified() => {}
+    }
+    open_move(t, key).await
+}
+
+/// The id of the entity's open move.
+pub async fn open_move(t: &Topology, key: &EntityKey) -> i64 {
+    t.dba()
+        .await
+        .query_one(
+            "SELECT move_id FROM shard_directory.shard_moves \
+             WHERE entity_type = $1 AND entity_id = $2 AND finished_at IS NULL",
+            &[&key.entity_type, &key.entity_id],
+        )
+        .await
+        .expect("an open move")
+        .get(0)
+}

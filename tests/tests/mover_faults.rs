@@ -1,0 +1,640 @@
+//! The mover under faults: a target that is down when a move must be undone, transactions left
+//! open on a shard, a mover that stops (or only stalls) in the freeze, a subscription that
+//! stops, a slot that keeps too much WAL, objects of another move under this one's name, and
+//! another process changing the move behind a run. Each time the freeze ends without a person,
+//! no copy is thrown away for a fence that did not commit, and every row stays where the
+//! directory says.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use shard_directory_client::{DirectoryConfig, EntityKey, RetryPolicy};
+use shard_directory_e2e::observe::{self, act_at};
+use shard_directory_e2e::{eventually, Topology};
+use shard_directory_mover::{Error, Left, MethodChoice, MoveOptions, Phase};
+use tokio::sync::Notify;
+use tokio_postgres::error::SqlState;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn tenant(id: &str) -> EntityKey {
+    EntityKey::new("tenant", id)
+}
+
+fn logical() -> MoveOptions {
+    MoveOptions {
+        method: MethodChoice::Logical,
+        ..Default::default()
+    }
+}
+
+/// A retry policy that waits out a freeze and its lease.
+fn patient() -> RetryPolicy {
+    let mut policy = RetryPolicy::default();
+    policy.deadline = Duration::from_secs(20);
+    policy
+}
+
+async fn phase_of(t: &Topology, move_id: i64) -> (String, Option<i64>) {
+    let r = t
+        .dba()
+        .await
+        .query_one(
+            "SELECT phase, freeze_version FROM shard_directory.shard_moves WHERE move_id = $1",
+            &[&move_id],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1))
+}
+
+/// A topology with tenant `a` (10 orders of 2 lines) on shard_1.
+async fn with_tenant(name: &str) -> Topology {
+    let t = Topology::with_shards(name, 2).await;
+    t.add_tenant("a", "shard_1").await;
+    t.seed_orders("shard_1", "a", 10, 2).await;
+    t
+}
+
+#[tokio::test]
+async fn an_abort_releases_the_entity_before_it_cleans_the_target_even_with_the_target_down() {
+    let t = with_tenant("abort-down").await;
+    let id = observe::crash_at(&t, logical(), &tenant("a"), "shard_2", Phase::Verified).await;
+    assert_eq!(t.entry("tenant", "a").await.1, "read_only");
+    t.shard_cluster("shard_2").stop();
+    let failure = t
+        .mover(MoveOptions::default())
+        .abort(id)
+        .await
+        .expect_err("the target is down");
+    assert_eq!(failure.left, Left::Released, "{failure}");
+    assert!(
+        failure.to_string().contains("is unreachable")
+            && failure
+                .to_string()
+                .contains(&format!("shard-directory abort {id}")),
+        "{failure}"
+    );
+    // Released all the same: active and writable on its source, its fence as it was.
+    assert_eq!(
+        t.entry("tenant", "a").await,
+        ("shard_1".into(), "active".into())
+    );
+    assert_eq!(t.fence("shard_1", "a").await, None);
+    Topology::order(&t.connected_router().await, "a", "while the target is down")
+        .await
+        .expect("writable on its source");
+    assert_eq!(phase_of(&t, id).await.0, "aborting");
+    t.shard_cluster("shard_2").restart();
+    let record = t.mover(MoveOptions::default()).abort(id).await.unwrap();
+    assert_eq!(record.phase, Phase::Aborted);
+    assert_eq!(t.rows("shard_2", "a").await, (0, 0));
+    assert_eq!(t.rows("shard_1", "a").await, (11, 20));
+    assert_eq!(t.fence("shard_2", "a").await, None);
+    assert!(
+        t.replication_objects().await.is_empty(),
+        "{:?}",
+        t.replication_objects().await
+    );
+}
+
+/// A checked transaction, left open: it holds the check's lock, which every fence waits for.
+const CHECKED_AND_LEFT_OPEN: &str =
+    "BEGIN; SELECT set_config('app.directory_version', '1000000', true); \
+     SELECT shard_directory.assert_directory_version()";
+
+/// Logical moves whose fence changes give up after 3 s of waiting.
+fn impatient() -> MoveOptions {
+    MoveOptions {
+        fence_patience: Duration::from_secs(3),
+        ..logical()
+    }
+}
+
+/// Commits the transaction a [`block_fences_at`] left open.
+async fn commit(blocker: &tokio::sync::Mutex<Option<tokio_postgres::Client>>) {
+    let c = blocker
+        .lock()
+        .await
+        .take()
+        .expect("the transaction was opened");
+    c.batch_execute("COMMIT").await.unwrap();
+}
+
+/// Opens a checked transaction on `shard` (it holds the check's lock, which every fence waits
+/// for) and leaves it idle; returns the connection and its pid.
+async fn idle_checked_transaction(t: &Topology, shard: &str) -> (tokio_postgres::Client, i32) {
+    let c = t.shard(shard).await;
+    c.batch_execute(CHECKED_AND_LEFT_OPEN).await.unwrap();
+    let pid = shard_directory_e2e::backend_pid(&c).await;
+    (c, pid)
+}
+
+#[tokio::test]
+async fn a_freeze_never_starts_behind_an_open_checked_transaction_and_the_copy_is_kept() {
+    let t = with_tenant("fence-wait").await;
+    let (blocker, pid) = idle_checked_transaction(&t, "shard_1").await;
+    let options = impatient();
+    let failure = t
+        .mover(options.clone())
+        .start(&tenant("a"), "shard_2")
+        .await
+        .expect_err("the open transaction holds the freeze back");
+    assert!(
+        matches!(&failure.error, Error::Blocked { blockers, .. } if blockers.contains(&format!("pid {pid}"))),
+        "{failure}"
+    );
+    assert_eq!(failure.left, Left::Resumable, "never aborted: {failure}");
+    let id = failure.move_id.unwrap();
+    // Nothing was frozen, and the copy is still there, streaming.
+    assert_eq!(phase_of(&t, id).await, ("catching_up".into(), None));
+    assert_eq!(t.entry("tenant", "a").await.1, "migrating");
+    assert_eq!(t.rows("shard_2", "a").await, (10, 20));
+    assert!(t
+        .replication_objects()
+        .await
+        .contains(&format!("shard_2: subscription sd_move_{id}")));
+    blocker.batch_execute("COMMIT").await.unwrap();
+    let record = t.mover(options).resume(id).await.unwrap();
+    assert_eq!(record.phase, Phase::Done);
+    assert_eq!(t.rows("shard_2", "a").await, (10, 20));
+}
+
+/// Opens an idle checked transaction on `shard` when the move reaches `at`; hands it over.
+fn block_fences_at(
+    t: &Topology,
+    shard: &str,
+    at: Phase,
+) -> (
+    Arc<shard_directory_e2e::observe::ActAt>,
+    Arc<tokio::sync::Mutex<Option<tokio_postgres::Client>>>,
+) {
+    let blocker = Arc::new(tokio::sync::Mutex::new(None));
+    let act = act_at(at, {
+        let (config, blocker) = (t.shard_cluster(shard).config("app"), blocker.clone());
+        move || {
+            let (config, blocker) = (config.clone(), blocker.clone());
+            Box::pin(async move {
+                let (c, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+                tokio::spawn(connection);
+                c.batch_execute(CHECKED_AND_LEFT_OPEN).await.unwrap();
+                *blocker.lock().await = Some(c);
+            })
+        }
+    });
+    (act, blocker)
+}
+
+#[tokio::test]
+async fn a_source_fence_that_cannot_commit_undoes_the_freeze_and_keeps_the_copy() {
+    let t = with_tenant("thaw").await;
+    // The transaction opens after the check before the freeze, so only the fence finds it.
+    let (act, blocker) = block_fences_at(&t, "shard_1", Phase::Frozen);
+    let options = impatient();
+    let failure = t
+        .mover(options.clone())
+        .with_observer(act)
+        .start(&tenant("a"), "shard_2")
+        .await
+        .expect_err("the source's fence cannot commit");
+    assert!(failure.to_string().contains("55P03"), "{failure}");
+    assert_eq!(failure.left, Left::Resumable, "never aborted: {failure}");
+    let id = failure.move_id.unwrap();
+    assert_eq!(phase_of(&t, id).await, ("catching_up".into(), None));
+    assert_eq!(t.entry("tenant", "a").await.1, "migrating");
+    assert_ne!(t.fence("shard_1", "a").await.as_deref(), Some("frozen"));
+    assert_eq!(t.rows("shard_2", "a").await, (10, 20), "the copy is kept");
+    commit(&blocker).await;
+    let record = t.mover(options).resume(id).await.unwrap();
+    assert_eq!(record.phase, Phase::Done);
+}
+
+#[tokio::test]
+async fn a_fence_change_after_the_cutover_is_retried_and_never_offers_an_abort() {
+    let t = with_tenant("fence-after").await;
+    let (act, blocker) = block_fences_at(&t, "shard_1", Phase::Cutover);
+    let options = impatient();
+    let failure = t
+        .mover(options.clone())
+        .with_observer(act)
+        .start(&tenant("a"), "shard_2")
+        .await
+        .expect_err("the source's fence cannot commit behind the open transaction");
+    assert_eq!(failure.left, Left::Resumable);
+    assert_eq!(failure.phase, Some(Phase::Cutover));
+    let message = failure.to_string();
+    assert!(
+        message.contains("past its cutover") && !message.contains("abort"),
+        "{message}"
+    );
+    assert!(failure.error.to_string().contains("55P03"), "{message}");
+    commit(&blocker).await;
+    let record = t
+        .mover(options)
+        .resume(failure.move_id.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(record.phase, Phase::Done);
+    assert_eq!(t.rows("shard_1", "a").await, (0, 0));
+}
+
+#[tokio::test]
+async fn a_mover_that_stalls_past_its_lease_does_not_cut_over_and_the_writes_since_are_kept() {
+    let t = with_tenant("lease").await;
+    let options = MoveOptions {
+        max_freeze: Duration::from_secs(2),
+        lease_grace: Duration::from_secs(1),
+        ..logical()
+    };
+    let resume = Arc::new(Notify::new());
+    let act = act_at(Phase::Verified, {
+        let resume = resume.clone();
+        move || {
+            let resume = resume.clone();
+            Box::pin(async move { resume.notified().await })
+        }
+    });
+    let mover = t.mover(options).with_observer(act);
+    let key = tenant("a");
+    let moving = mover.start(&key, "shard_2");
+    let meanwhile = async {
+        let dba = t.dba().await;
+        eventually("the lease to end", DEADLINE, || async {
+            let ended: bool = dba
+                .query_one(
+                    "SELECT coalesce(bool_or(freeze_lease_until < clock_timestamp() AND phase = 'verified'), false) \
+                     FROM shard_directory.shard_moves",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            ended.then_some(())
+        })
+        .await;
+        // A router finds the entity read-only past the lease: the directory releases it, and
+        // the source's fence, its own lease ended, admits the write.
+        let router = t
+            .router(t.client_directory(DirectoryConfig::default()).await)
+            .with_retry(patient());
+        Topology::order(&router, "a", "after the lease")
+            .await
+            .expect("written once the lease ended");
+        assert_eq!(
+            t.entry("tenant", "a").await,
+            ("shard_1".into(), "active".into())
+        );
+        resume.notify_one();
+    };
+    let (failure, ()) = tokio::join!(moving, meanwhile);
+    let failure = failure.expect_err("the stalled mover does not cut over");
+    assert_eq!(failure.left, Left::Aborted, "{failure}");
+    assert_eq!(
+        t.entry("tenant", "a").await,
+        ("shard_1".into(), "active".into())
+    );
+    assert_eq!(t.orders("shard_1", "a").await.len(), 11);
+    assert!(t
+        .orders("shard_1", "a")
+        .await
+        .contains(&"after the lease".to_owned()));
+    assert_eq!(t.rows("shard_2", "a").await, (0, 0));
+    assert_eq!(t.fence("shard_1", "a").await, None);
+}
+
+#[tokio::test]
+async fn a_mover_that_vanished_in_the_freeze_leaves_its_entity_writable_once_the_lease_ends() {
+    let t = with_tenant("vanished").await;
+    let options = MoveOptions {
+        max_freeze: Duration::from_secs(2),
+        lease_grace: Duration::from_secs(1),
+        ..logical()
+    };
+    let id = observe::crash_at(&t, options.clone(), &tenant("a"), "shard_2", Phase::Frozen).await;
+    let frozen_at = Instant::now();
+    let router = t
+        .router(t.client_directory(DirectoryConfig::default()).await)
+        .with_retry(patient());
+    Topology::order(&router, "a", "after the mover vanished")
+        .await
+        .expect("writable once the lease ends");
+    let waited = frozen_at.elapsed();
+    assert!(
+        waited < Duration::from_secs(10),
+        "the freeze ended {waited:?} after the mover vanished"
+    );
+    assert_eq!(phase_of(&t, id).await.0, "aborting");
+    let record = t.mover(options).resume(id).await.unwrap();
+    assert_eq!(record.phase, Phase::Aborted);
+    assert_eq!(t.rows("shard_1", "a").await, (11, 20));
+    assert_eq!(t.rows("shard_2", "a").await, (0, 0));
+}
+
+#[tokio::test]
+async fn busy_names_the_process_that_holds_the_move() {
+    let t = with_tenant("busy").await;
+    let held = act_at(Phase::CatchingUp, || Box::pin(std::future::pending()));
+    let mover = t.mover(logical()).with_observer(held);
+    let key = tenant("a");
+    let moving = mover.start(&key, "shard_2");
+    let other = async {
+        eventually("the move to catch up", DEADLINE, || async {
+            let open: Option<(String, i64)> = t
+                .dba()
+                .await
+                .query_opt(
+                    "SELECT phase, move_id FROM shard_directory.shard_moves WHERE finished_at IS NULL",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .map(|r| (r.get(0), r.get(1)));
+            open.filter(|(p, _)| p == "catching_up").map(|_| ())
+        })
+        .await;
+        let id = observe::open_move(&t, &key).await;
+        t.mover(MoveOptions::default())
+            .abort(id)
+            .await
+            .expect_err("the move is held")
+    };
+    let failure = tokio::select! {
+        r = moving => panic!("held at catching_up: {r:?}"),
+        f = other => f,
+    };
+    match &failure.error {
+        Error::Busy { holder, .. } => assert!(
+            holder.contains("pid ")
+                && holder.contains("shard-directory move")
+                && holder.contains("since"),
+            "{holder}"
+        ),
+        other => panic!("expected busy, got {other}"),
+    }
+}
+
+#[tokio::test]
+async fn a_subscription_that_stopped_is_turned_on_again_and_a_slot_keeping_too_much_wal_aborts() {
+    let t = with_tenant("replication").await;
+    let target = Arc::new(t.shard("shard_2").await);
+    let act = act_at(Phase::CatchingUp, {
+        let target = target.clone();
+        move || {
+            let target = target.clone();
+            Box::pin(async move {
+                // As disable_on_error leaves it after a conflict.
+                target
+                    .batch_execute("ALTER SUBSCRIPTION sd_move_1 DISABLE")
+                    .await
+                    .unwrap();
+            })
+        }
+    });
+    let record = t
+        .mover(logical())
+        .with_observer(act.clone())
+        .start(&tenant("a"), "shard_2")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(record.phase, Phase::Done);
+    assert!(
+        act.notes()
+            .iter()
+            .any(|n| n.contains("subscription sd_move_1") && n.contains("turning it on again")),
+        "{:?}",
+        act.notes()
+    );
+    // Back, with a slot that may keep almost nothing.
+    let failure = t
+        .mover(MoveOptions {
+            max_slot_lag: 1,
+            ..logical()
+        })
+        .start(&tenant("a"), "shard_1")
+        .await
+        .expect_err("the slot keeps more than a byte");
+    assert!(
+        matches!(failure.error, Error::SlotLag { .. }) && failure.left == Left::Aborted,
+        "{failure}"
+    );
+    assert!(failure.to_string().contains("max_slot_wal_keep_size"));
+    assert_eq!(
+        t.entry("tenant", "a").await,
+        ("shard_2".into(), "active".into())
+    );
+    assert!(
+        t.replication_objects().await.is_empty(),
+        "{:?}",
+        t.replication_objects().await
+    );
+}
+
+#[tokio::test]
+async fn a_slot_that_waits_behind_an_open_transaction_gives_up_naming_it() {
+    let t = with_tenant("slot-wait").await;
+    let open = t.shard("shard_1").await;
+    open.batch_execute("CREATE TABLE scratch (n int); BEGIN; INSERT INTO scratch VALUES (1)")
+        .await
+        .unwrap();
+    let pid = shard_directory_e2e::backend_pid(&open).await;
+    let options = MoveOptions {
+        fence_patience: Duration::from_secs(2),
+        ..logical()
+    };
+    let failure = t
+        .mover(options.clone())
+        .start(&tenant("a"), "shard_2")
+        .await
+        .expect_err("the slot waits for the open transaction");
+    assert!(
+        matches!(&failure.error, Error::Blocked { what, blockers, .. }
+            if what.contains("replication slot") && blockers.contains(&format!("pid {pid}"))),
+        "{failure}"
+    );
+    assert_eq!(failure.left, Left::Resumable);
+    let slots: i64 = t
+        .shard("shard_1")
+        .await
+        .query_one("SELECT count(*) FROM pg_replication_slots", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(slots, 0, "nothing left behind");
+    open.batch_execute("COMMIT").await.unwrap();
+    let record = t
+        .mover(options)
+        .resume(failure.move_id.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(record.phase, Phase::Done);
+}
+
+#[tokio::test]
+async fn replication_objects_of_another_move_are_never_adopted() {
+    let t = with_tenant("adopt").await;
+    let source = t.shard("shard_1").await;
+    source
+        .batch_execute("CREATE PUBLICATION sd_move_1 FOR TABLE orders")
+        .await
+        .unwrap();
+    let failure = t
+        .mover(logical())
+        .start(&tenant("a"), "shard_2")
+        .await
+        .expect_err("the publication is not this move's");
+    assert!(
+        failure
+            .to_string()
+            .contains("publication sd_move_1 exists but is not this move's"),
+        "{failure}"
+    );
+    assert_eq!(failure.left, Left::Resumable);
+    let tables: i64 = source
+        .query_one(
+            "SELECT count(*) FROM pg_publication_tables WHERE pubname = 'sd_move_1'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tables, 1, "left as it was");
+    source
+        .batch_execute("DROP PUBLICATION sd_move_1")
+        .await
+        .unwrap();
+    let record = t.mover(logical()).resume(1).await.unwrap();
+    assert_eq!(record.phase, Phase::Done);
+}
+
+#[tokio::test]
+async fn the_target_refuses_the_entitys_writes_for_the_whole_move() {
+    let t = with_tenant("target-fence").await;
+    let id = observe::crash_at(&t, logical(), &tenant("a"), "shard_2", Phase::CatchingUp).await;
+    assert_eq!(t.fence("shard_2", "a").await.as_deref(), Some("frozen"));
+    let e = t
+        .write_as_client(
+            "shard_2",
+            "INSERT INTO orders (tenant_id, item, order_id) VALUES ('a', 'misrouted', 999999)",
+        )
+        .await
+        .expect_err("the target is fenced");
+    assert_eq!(e.code(), Some(&SqlState::T_R_SERIALIZATION_FAILURE));
+    let record = t.mover(MoveOptions::default()).abort(id).await.unwrap();
+    assert_eq!(record.phase, Phase::Aborted);
+    assert_eq!(t.fence("shard_2", "a").await, None, "as it was");
+}
+
+#[tokio::test]
+async fn a_phase_another_process_moved_on_is_never_overwritten() {
+    let t = with_tenant("cas").await;
+    let go = Arc::new(Notify::new());
+    let act = act_at(Phase::CatchingUp, {
+        let go = go.clone();
+        move || {
+            let go = go.clone();
+            Box::pin(async move { go.notified().await })
+        }
+    });
+    let mover = t.mover(logical()).with_observer(act);
+    let key = tenant("a");
+    let moving = mover.start(&key, "shard_2");
+    let behind_its_back = async {
+        eventually("the move to catch up", DEADLINE, || async {
+            let phase: Option<String> = t
+                .dba()
+                .await
+                .query_opt("SELECT phase FROM shard_directory.shard_moves", &[])
+                .await
+                .unwrap()
+                .map(|r| r.get(0));
+            (phase.as_deref() == Some("catching_up")).then_some(())
+        })
+        .await;
+        t.dba()
+            .await
+            .batch_execute(
+                "UPDATE shard_directory.shard_moves SET phase = 'aborting' WHERE move_id = 1",
+            )
+            .await
+            .unwrap();
+        go.notify_one();
+    };
+    let (failure, ()) = tokio::join!(moving, behind_its_back);
+    let failure = failure.expect_err("the run finds its phase moved on");
+    assert!(
+        failure.to_string().contains("another process moved it on"),
+        "{failure}"
+    );
+    assert_eq!(
+        failure.left,
+        Left::Aborted,
+        "the record said aborting: {failure}"
+    );
+    assert_eq!(
+        phase_of(&t, 1).await,
+        ("aborted".into(), None),
+        "never frozen"
+    );
+    assert_eq!(
+        t.entry("tenant", "a").await,
+        ("shard_1".into(), "active".into())
+    );
+    assert_eq!(t.rows("shard_2", "a").await, (0, 0));
+}
+
+#[tokio::test]
+async fn cleanup_drops_tablesync_slots_whose_subscription_is_gone_and_no_other() {
+    let t = with_tenant("tablesync").await;
+    let id = observe::crash_at(&t, logical(), &tenant("a"), "shard_2", Phase::CatchingUp).await;
+    let (target, source) = (t.shard("shard_2").await, t.shard("shard_1").await);
+    let sysid: String = target
+        .query_one(
+            "SELECT system_identifier::text FROM pg_control_system()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let live: i64 = target
+        .query_one(
+            "SELECT oid::int8 FROM pg_subscription WHERE subname = $1",
+            &[&format!("sd_move_{id}")],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let (orphan, kept) = (
+        format!("pg_424242_sync_16384_{sysid}"),
+        format!("pg_{live}_sync_16384_{sysid}"),
+    );
+    for slot in [&orphan, &kept] {
+        source
+            .execute(
+                "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+                &[slot],
+            )
+            .await
+            .unwrap();
+    }
+    let dropped = t.mover(MoveOptions::default()).cleanup().await.unwrap();
+    assert_eq!(
+        dropped,
+        [format!(
+            "slot {orphan} on shard_1 (its subscription on shard_2 is gone)"
+        )]
+    );
+    let slots: Vec<String> = source
+        .query(
+            "SELECT slot_name::text FROM pg_replication_slots ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(
+        slots.contains(&kept) && slots.contains(&format!("sd_move_{id}")),
+        "{slots:?}"
+    );
+}
