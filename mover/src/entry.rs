@@ -25,12 +25,34 @@ pub(crate) async fn read(
             &[&key.entity_type, &key.entity_id],
         )
         .await?;
-    Ok(row.map(|r| Placement {
-        shard_name: r.get(0),
-        state: r.get::<_, &str>(1).parse().unwrap_or(State::ReadOnly),
-        target_shard: r.get(2),
-        version: r.get(3),
-    }))
+    Ok(row.map(|r| placement(&r, 0)))
+}
+
+/// The placement in columns `at..at + 4` of `r`: shard_name, state, target_shard, version.
+fn placement(r: &tokio_postgres::Row, at: usize) -> Placement {
+    Placement {
+        shard_name: r.get(at),
+        // A state this mover does not know is taken as the most restrictive one.
+        state: r.get::<_, &str>(at + 1).parse().unwrap_or(State::ReadOnly),
+        target_shard: r.get(at + 2),
+        version: r.get(at + 3),
+    }
+}
+
+/// The entries of `ids` of `entity_type` that exist, by id.
+pub(crate) async fn read_many(
+    c: &impl GenericClient,
+    entity_type: &str,
+    ids: &[&str],
+) -> Result<std::collections::HashMap<String, Placement>, tokio_postgres::Error> {
+    let rows = c
+        .query(
+            "SELECT entity_id, shard_name, state, target_shard, version \
+             FROM shard_directory.shard_directory WHERE entity_type = $1 AND entity_id = ANY ($2)",
+            &[&entity_type, &ids],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| (r.get(0), placement(r, 1))).collect())
 }
 
 pub(crate) async fn current_version(c: &impl GenericClient) -> Result<i64, tokio_postgres::Error> {

@@ -23,6 +23,7 @@ use crate::logical;
 use crate::observer::{LogObserver, Observer};
 use crate::phase::Phase;
 use crate::preflight::{preflight, Plan};
+use crate::reconcile::Stray;
 use crate::record::{self, MoveRecord, NewMove, TableProgress};
 use crate::registry::{self, Overrides};
 use crate::run::{stopped, Run};
@@ -345,6 +346,52 @@ impl Mover {
     ) -> Result<Vec<MoveRecord>, Error> {
         self.read(async |c| record::list(c, open_only, since).await)
             .await
+    }
+
+    /// Every entity with rows on `shard` (of `entity_type`, or of any type protected there)
+    /// whose directory entry names another shard, or that has no entry. Reads every protected
+    /// table of the shard whole.
+    pub async fn strays(
+        &self,
+        shard: &str,
+        entity_type: Option<&str>,
+    ) -> Result<Vec<Stray>, Error> {
+        let directory = self.connect_directory(None).await?;
+        let endpoint = registry::endpoint(&directory, &self.overrides, shard).await?;
+        let side = Side::connect(endpoint, None).await?;
+        crate::reconcile::strays(&directory, &side.client, shard, entity_type).await
+    }
+
+    /// Compares `key`'s rows on the shard the directory names with its rows on `other`, as a
+    /// move verifies them (count and hash per table; the differing keys named): the rows per
+    /// table when they agree, `Error::Mismatch` when not.
+    pub async fn compare(&self, key: &EntityKey, other: &str) -> Result<Vec<(String, i64)>, Error> {
+        let directory = self.connect_directory(None).await?;
+        let Some(entry) = entry::read(&directory, key)
+            .await
+            .at(Step::Verify, Place::Directory)?
+        else {
+            return Err(Error::Preflight {
+                problem: format!("no directory entry for {key}"),
+                fix: "check the entity type and id".into(),
+            });
+        };
+        let mut sides = Vec::new();
+        for shard in [entry.shard_name.as_str(), other] {
+            let endpoint = registry::endpoint(&directory, &self.overrides, shard).await?;
+            sides.push(Side::connect(endpoint, None).await?);
+        }
+        let (home, there) = (&sides[0], &sides[1]);
+        let tables = catalog::describe(&home.client, &key.entity_type)
+            .await
+            .at(Step::Verify, home.name())?;
+        crate::verify::verify(
+            (&home.client, home.name()),
+            (&there.client, there.name()),
+            &tables,
+            key,
+        )
+        .await
     }
 
     /// Deletes the entity's rows a finished `--keep-source` move left on its source (fenced

@@ -437,3 +437,91 @@ async fn exit_codes_and_json_say_how_a_move_was_left() {
     let again = cli(Some(&t), &["purge-source", &id.to_string()]).await;
     assert_eq!(again.status.code(), Some(1), "not a --keep-source move");
 }
+
+#[tokio::test]
+async fn verify_finds_rows_out_of_place_and_compares_an_entity_between_shards() {
+    let t = Topology::start("cli-verify").await;
+    // Order ids come from one sequence: home's are 1-4, kept's 5-8.
+    for id in ["home", "kept"] {
+        t.add_tenant(id, "shard_1").await;
+        t.seed_orders("shard_1", id, 4, 1).await;
+    }
+    let clean = cli(Some(&t), &["verify", "shard", "shard_1"]).await;
+    assert_eq!(clean.status.code(), Some(0), "{}", text(&clean.stderr));
+    assert!(text(&clean.stdout).contains("every row on shard_1 is where the directory says"));
+
+    succeeded(
+        &cli(
+            Some(&t),
+            &[
+                "move",
+                "tenant",
+                "kept",
+                "--to",
+                "shard_2",
+                "--method",
+                "copy",
+                "--keep-source",
+            ],
+        )
+        .await,
+    );
+    // Rows a superuser wrote behind every check: of a tenant with no entry at all.
+    t.shard("shard_1")
+        .await
+        .batch_execute(
+            "BEGIN; SET LOCAL session_replication_role = replica;
+             INSERT INTO orders (tenant_id, item, order_id) VALUES ('ghost', 'x', 1); COMMIT",
+        )
+        .await
+        .unwrap();
+    let found = cli(Some(&t), &["verify", "shard", "shard_1"]).await;
+    assert_eq!(found.status.code(), Some(5), "{}", text(&found.stderr));
+    let report = text(&found.stdout);
+    assert!(
+        report.contains("tenant/kept has rows on shard_1 (public.order_lines: 4, public.orders: 4), fenced moved to shard_2")
+            && report.contains("the directory places it on shard_2 (active)"),
+        "{report}"
+    );
+    assert!(
+        report.contains("tenant/ghost has rows on shard_1 (public.orders: 1)")
+            && report.contains("has no entry for it"),
+        "{report}"
+    );
+    assert!(!report.contains("tenant/home"), "{report}");
+    assert_eq!(
+        cli(Some(&t), &["verify", "shard", "shard_2"])
+            .await
+            .status
+            .code(),
+        Some(0)
+    );
+
+    let same = cli(
+        Some(&t),
+        &["verify", "entity", "tenant", "kept", "--against", "shard_1"],
+    )
+    .await;
+    assert_eq!(same.status.code(), Some(0), "{}", text(&same.stderr));
+    assert!(text(&same.stdout).contains("tenant/kept: the same rows on shard_1"));
+    t.shard("shard_1")
+        .await
+        .batch_execute(
+            "BEGIN; SET LOCAL session_replication_role = replica;
+             UPDATE orders SET item = 'changed' WHERE tenant_id = 'kept' AND order_id = 5; COMMIT",
+        )
+        .await
+        .unwrap();
+    let differs = cli(
+        Some(&t),
+        &["verify", "entity", "tenant", "kept", "--against", "shard_1"],
+    )
+    .await;
+    assert_eq!(differs.status.code(), Some(5), "{}", text(&differs.stderr));
+    assert!(
+        text(&differs.stderr).contains("table public.orders differs")
+            && text(&differs.stderr).contains("(kept,5)"),
+        "{}",
+        text(&differs.stderr)
+    );
+}

@@ -2,7 +2,8 @@
 //!
 //! Exit codes, for scripts: 0 done; 1 failed, and nothing changed or the move was aborted back to
 //! its start; 2 bad usage or configuration; 3 failed and left resumable (`resume` continues it,
-//! or `abort` finishes undoing it); 4 busy (another process runs the move).
+//! or `abort` finishes undoing it); 4 busy (another process runs the move); 5 `verify` found rows
+//! out of place or differing.
 //!
 //! SIGINT or SIGTERM during `move` or `resume` stops the run: before the cutover the move is
 //! aborted (the entity writable on its source again), after it the move is finished.
@@ -151,6 +152,30 @@ enum Command {
     Cleanup,
     /// Delete the rows a finished `move --keep-source` left on its source.
     PurgeSource { move_id: i64 },
+    /// Reconcile without moving (exit 5 when something is found).
+    Verify {
+        #[command(subcommand)]
+        what: VerifyWhat,
+    },
+}
+
+#[derive(Subcommand)]
+enum VerifyWhat {
+    /// Rows on a shard of entities the directory places elsewhere (or nowhere).
+    Shard {
+        shard: String,
+        /// Only this entity type (default: every type protected on the shard).
+        #[arg(long)]
+        entity_type: Option<String>,
+    },
+    /// One entity's rows on the shard the directory names, compared with another shard's.
+    Entity {
+        entity_type: String,
+        entity_id: String,
+        /// The shard to compare with.
+        #[arg(long)]
+        against: String,
+    },
 }
 
 /// Progress bars on a terminal, plain lines otherwise: one per phase, per finished table, per
@@ -594,6 +619,63 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
                         .unwrap_or_default(),
                     h.changed_by
                 );
+            }
+        }
+        Command::Verify {
+            what: VerifyWhat::Shard { shard, entity_type },
+        } => {
+            let strays = mover.strays(&shard, entity_type.as_deref()).await?;
+            if as_json {
+                println!("{}", json(&strays));
+            }
+            for stray in strays.iter().filter(|_| !as_json) {
+                let rows: Vec<String> = stray
+                    .rows
+                    .iter()
+                    .map(|(t, n)| format!("{t}: {n}"))
+                    .collect();
+                println!(
+                    "{} has rows on {} ({}), fenced {} there; the directory {}",
+                    stray.entity,
+                    stray.shard,
+                    rows.join(", "),
+                    stray.fence,
+                    match &stray.placement {
+                        Some(p) => format!("places it on {} ({})", p.shard_name, p.state),
+                        None => "has no entry for it".to_owned(),
+                    }
+                );
+            }
+            if !strays.is_empty() {
+                return Err(Outcome::Failed(
+                    5,
+                    format!(
+                        "{} entities with rows out of place on {shard}",
+                        strays.len()
+                    ),
+                ));
+            }
+            if !as_json {
+                println!("every row on {shard} is where the directory says");
+            }
+        }
+        Command::Verify {
+            what:
+                VerifyWhat::Entity {
+                    entity_type,
+                    entity_id,
+                    against,
+                },
+        } => {
+            let key = EntityKey::new(entity_type, entity_id);
+            match mover.compare(&key, &against).await {
+                Ok(counts) => {
+                    let rows: Vec<String> =
+                        counts.iter().map(|(t, n)| format!("{t}: {n}")).collect();
+                    println!("{key}: the same rows on {against} ({})", rows.join(", "));
+                }
+                Err(e @ Error::Mismatch { .. }) => return Err(Outcome::Failed(5, e.to_string())),
+                Err(e) => return Err(e.into()),
             }
         }
         Command::Cleanup => {
