@@ -36,6 +36,7 @@ mod mover;
 mod observer;
 mod phase;
 mod preflight;
+mod privileges;
 mod purge;
 mod reconcile;
 mod record;

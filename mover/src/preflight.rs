@@ -15,6 +15,7 @@ use crate::error::{At, Error, Place, Step};
 use crate::fence::{self, Fence};
 use crate::integrity;
 use crate::mover::{MethodChoice, MoveOptions};
+use crate::privileges;
 use crate::purge;
 use crate::record::Method;
 use crate::registry::{self, Overrides};
@@ -77,6 +78,19 @@ pub(crate) async fn preflight(
     target_name: &str,
 ) -> Result<(Plan, Vec<EntityTable>, Side, Side), Error> {
     let refuse = |problem: String, fix: String| Err(Error::Preflight { problem, fix });
+    let lacking = |place: &str, missing: Vec<String>| Error::Preflight {
+        problem: format!(
+            "the mover's role lacks privileges on {place} ({} missing)",
+            missing.len()
+        ),
+        fix: missing.join("; "),
+    };
+    let missing = privileges::missing_on_directory(directory)
+        .await
+        .at(Step::Preflight, Place::Directory)?;
+    if !missing.is_empty() {
+        return Err(lacking("the directory", missing));
+    }
     let Some(entry) = entry::read(directory, key)
         .await
         .at(Step::Preflight, Place::Directory)?
@@ -125,6 +139,14 @@ pub(crate) async fn preflight(
         source: e,
     };
 
+    for side in [&source, &target] {
+        let missing = privileges::schema_usage(&side.client)
+            .await
+            .at(Step::Preflight, side.name())?;
+        if !missing.is_empty() {
+            return Err(lacking(&format!("shard {}", side.name()), missing));
+        }
+    }
     let kind = &key.entity_type;
     let tables = catalog::describe(&source.client, kind)
         .await
@@ -175,6 +197,25 @@ pub(crate) async fn preflight(
         (MethodChoice::Auto | MethodChoice::Logical, None) => Method::Logical,
         (MethodChoice::Logical, Some((problem, fix))) => return refuse(problem, fix),
     };
+    // `auto` chooses copy when the role may not publish or subscribe.
+    let mut method = method;
+    for (side, is_source) in [(&source, true), (&target, false)] {
+        let mut missing = privileges::missing_on_shard(&side.client, &tables, method, is_source)
+            .await
+            .at(Step::Preflight, side.name())?;
+        if !missing.is_empty() && method == Method::Logical && options.method == MethodChoice::Auto
+        {
+            let copy = privileges::missing_on_shard(&side.client, &tables, Method::Copy, is_source);
+            let copy = copy.await.at(Step::Preflight, side.name())?;
+            if copy.is_empty() {
+                method = Method::Copy;
+            }
+            missing = copy;
+        }
+        if !missing.is_empty() {
+            return Err(lacking(&format!("shard {}", side.name()), missing));
+        }
+    }
     let on_target = catalog::describe(&target.client, kind)
         .await
         .map_err(at_target)?;
