@@ -218,7 +218,16 @@ fn db_message(e: &tokio_postgres::Error) -> String {
             }
             s
         }
-        None => e.to_string(),
+        None => {
+            // A connection's error says what failed (a TLS handshake); its sources say why.
+            let mut s = e.to_string();
+            let mut cause = std::error::Error::source(e);
+            while let Some(c) = cause {
+                s.push_str(&format!(": {c}"));
+                cause = c.source();
+            }
+            s
+        }
     }
 }
 

@@ -116,9 +116,12 @@ impl Mover {
     }
 
     async fn connect_directory(&self, move_id: Option<i64>) -> Result<Client, Error> {
-        registry::connect(&self.directory, &side::application_name(move_id))
-            .await
-            .at(Step::Connect, Place::Directory)
+        registry::connect(
+            &self.directory,
+            &side::application_name(move_id),
+            Place::Directory,
+        )
+        .await
     }
 
     /// Checks that `key` can move to `target` and says how, changing nothing.

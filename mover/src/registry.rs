@@ -7,10 +7,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
-use tokio_postgres::config::Host;
+use std::sync::OnceLock;
+
+use postgres_native_tls::MakeTlsConnector;
+use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::{Client, Config, NoTls};
 
-use crate::error::{At, Error, Step};
+use crate::error::{At, Error, Place, Step};
 
 /// Per-shard overrides, from a TOML file:
 ///
@@ -125,25 +128,69 @@ const SESSION_SETTINGS: &str = "SET TimeZone = 'UTC'; SET DateStyle = 'ISO, YMD'
 
 /// Connects with a bounded connect time, TCP keepalives and [`SESSION_SETTINGS`];
 /// `application_name` names the move, so that an abort can find and end the sessions a crashed
-/// run left behind.
+/// run left behind. With `sslmode=require` the connection is TLS, and the server's certificate is
+/// verified against the system's roots or the file `PGSSLROOTCERT` names (stricter than libpq's
+/// `require`, which checks nothing); otherwise it is plain, as `disable` and `prefer` are here.
 pub(crate) async fn connect(
     config: &Config,
     application_name: &str,
-) -> Result<Client, tokio_postgres::Error> {
+    place: Place,
+) -> Result<Client, Error> {
     let mut config = config.clone();
     config.application_name(application_name);
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(Duration::from_secs(10));
     }
     config.keepalives(true);
-    let (client, connection) = config.connect(NoTls).await?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(error = %e, "connection closed");
-        }
-    });
-    client.batch_execute(SESSION_SETTINGS).await?;
+    let at = |e| Error::Db {
+        step: Step::Connect,
+        place: place.clone(),
+        source: e,
+    };
+    let client = if config.get_ssl_mode() == SslMode::Require {
+        let (client, connection) = config.connect(tls()?).await.map_err(at)?;
+        tokio::spawn(drive(connection));
+        client
+    } else {
+        let (client, connection) = config.connect(NoTls).await.map_err(at)?;
+        tokio::spawn(drive(connection));
+        client
+    };
+    client.batch_execute(SESSION_SETTINGS).await.map_err(at)?;
     Ok(client)
+}
+
+async fn drive<F: std::future::Future<Output = Result<(), tokio_postgres::Error>>>(connection: F) {
+    if let Err(e) = connection.await {
+        tracing::debug!(error = %e, "connection closed");
+    }
+}
+
+/// The TLS connector, made once: the system's roots, and every certificate in the file
+/// `PGSSLROOTCERT` names.
+fn tls() -> Result<MakeTlsConnector, Error> {
+    static TLS: OnceLock<Result<MakeTlsConnector, String>> = OnceLock::new();
+    TLS.get_or_init(|| {
+        let mut builder = native_tls::TlsConnector::builder();
+        if let Some(path) = std::env::var_os("PGSSLROOTCERT") {
+            let named = |e: &dyn std::fmt::Display| {
+                format!("PGSSLROOTCERT {}: {e}", Path::new(&path).display())
+            };
+            let pem = std::fs::read_to_string(&path).map_err(|e| named(&e))?;
+            // A bundle: every certificate in the file is a root.
+            const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
+            for block in pem.split(BEGIN).skip(1) {
+                let one = format!("{BEGIN}{block}");
+                let root =
+                    native_tls::Certificate::from_pem(one.as_bytes()).map_err(|e| named(&e))?;
+                builder.add_root_certificate(root);
+            }
+        }
+        let connector = builder.build().map_err(|e| format!("TLS: {e}"))?;
+        Ok(MakeTlsConnector::new(connector))
+    })
+    .clone()
+    .map_err(Error::Config)
 }
 
 /// libpq's password lookup, which tokio-postgres does not do: `PGPASSWORD`, then the first

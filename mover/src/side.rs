@@ -2,7 +2,7 @@
 
 use tokio_postgres::Client;
 
-use crate::error::{At, Error, Step};
+use crate::error::{At, Error, Place, Step};
 use crate::registry::{self, Endpoint};
 
 pub(crate) struct Side {
@@ -34,9 +34,8 @@ pub(crate) async fn name_session(
 
 impl Side {
     pub async fn connect(endpoint: Endpoint, move_id: Option<i64>) -> Result<Side, Error> {
-        let client = registry::connect(&endpoint.config, &application_name(move_id))
-            .await
-            .at(Step::Connect, endpoint.name.as_str())?;
+        let place = Place::Shard(endpoint.name.clone());
+        let client = registry::connect(&endpoint.config, &application_name(move_id), place).await?;
         Ok(Side { endpoint, client })
     }
 
@@ -47,9 +46,13 @@ impl Side {
     /// A second connection, for work that may be abandoned mid-stream (a copy cut off by the
     /// freeze deadline) without leaving `client` unusable.
     pub async fn another(&self, move_id: i64) -> Result<Client, Error> {
-        registry::connect(&self.endpoint.config, &application_name(Some(move_id)))
-            .await
-            .at(Step::Connect, self.name())
+        let place = Place::Shard(self.name().to_owned());
+        registry::connect(
+            &self.endpoint.config,
+            &application_name(Some(move_id)),
+            place,
+        )
+        .await
     }
 
     /// Names this session after the move, once the move has an id.
