@@ -133,7 +133,7 @@ pub(crate) async fn missing_on_shard(
                         has_database_privilege(current_database(), 'CREATE'), \
                         (SELECT array_agg(t ORDER BY t) FROM unnest($1::text[]) t \
                           WHERE NOT pg_has_role((SELECT relowner FROM pg_class \
-                                                  WHERE oid = t::regclass), 'USAGE')), \
+                                                  WHERE oid = to_regclass(t)), 'USAGE')), \
                         current_setting('server_version_num')::int, \
                         coalesce(pg_has_role(to_regrole('pg_create_subscription')::oid, 'USAGE'), \
                                  false) \

@@ -11,6 +11,7 @@ pub mod pgbouncer;
 pub mod redis;
 pub mod topology;
 mod wait;
+pub mod wide;
 pub mod workload;
 
 pub use cluster::{Cluster, CpuTimes, Frozen, Listener};

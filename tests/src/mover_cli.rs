@@ -59,14 +59,16 @@ pub struct Killed {
     pub stopped_at: Option<Phase>,
 }
 
-/// Moves `tenant` to `to` with `shard-directory move` and SIGKILLs the process once its move
-/// reaches `kill_at` (or later). None when the move finished before.
+/// Moves `tenant` to `to` with `shard-directory move` and SIGKILLs the process `delay` after its
+/// move reaches `kill_at` (or a later phase): inside the phase, not only at its start. None when
+/// the move finished before.
 pub async fn kill_at(
     t: &Topology,
     tenant: &str,
     to: &str,
     method: &str,
     kill_at: Phase,
+    delay: Duration,
 ) -> Option<Killed> {
     let mut child = command(t)
         .args(["move", "tenant", tenant, "--to", to, "--method", method])
@@ -77,6 +79,7 @@ pub async fn kill_at(
     let (move_id, seen_at) = loop {
         if let Some((id, phase)) = open_phase(t, tenant).await {
             if phase >= kill_at {
+                tokio::time::sleep(delay).await;
                 child.kill().await.expect("SIGKILL the mover");
                 break (id, phase);
             }

@@ -3,7 +3,7 @@
 //! shard, and each shard able to publish (`wal_level = logical`) for the mover.
 
 use shard_directory_client::{Directory, DirectoryConfig, EntityKey, Router, ShardConfig};
-use shard_directory_mover::{MethodChoice, MoveOptions, Mover, Overrides};
+use shard_directory_mover::{MethodChoice, MoveOptions, Mover, Overrides, ShardOverride};
 use tokio_postgres::Client;
 
 use std::time::Duration;
@@ -198,6 +198,64 @@ impl Topology {
         Mover::new(self.directory_config(), Overrides::default(), options)
     }
 
+    /// A mover connecting as role `mover` everywhere (made by [`Topology::create_mover_role`]),
+    /// but as the superuser to the shard `superuser_on`.
+    pub fn mover_as_role(&self, options: MoveOptions, superuser_on: Option<&str>) -> Mover {
+        let mut directory = self.directory_config();
+        directory.user("mover");
+        let mut overrides = Overrides::default();
+        for (name, cluster) in &self.shards {
+            let conninfo = cluster.conn_str(SHARD_DB);
+            let o = ShardOverride {
+                conninfo: Some(if superuser_on == Some(name.as_str()) {
+                    conninfo.clone()
+                } else {
+                    conninfo.replace("user=postgres", "user=mover")
+                }),
+                replication_conninfo: Some(conninfo),
+            };
+            overrides.shards.insert(name.clone(), o);
+        }
+        Mover::new(directory, overrides, options)
+    }
+
+    /// Creates role `mover` on the directory and every shard, holding nothing.
+    pub async fn create_mover_role(&self) {
+        let create = "CREATE ROLE mover LOGIN";
+        self.dba()
+            .await
+            .batch_execute(create)
+            .await
+            .expect("create the role");
+        for (name, _) in &self.shards {
+            self.shard(name)
+                .await
+                .batch_execute(create)
+                .await
+                .expect("create the role");
+        }
+    }
+
+    /// Grants role `mover` what README lists for the mover (its "mover grants" blocks), with
+    /// `tables` and `sequences` for the placeholders: on the directory, and on every shard.
+    pub async fn grant_mover_as_readme_lists(&self, tables: &str, sequences: &str) {
+        self.dba()
+            .await
+            .batch_execute(&readme_grants("directory"))
+            .await
+            .expect("the directory's grants");
+        let shard = readme_grants("shard")
+            .replace("<each protected table>", tables)
+            .replace("<each sequence they draw from>", sequences);
+        for (name, _) in &self.shards {
+            self.shard(name)
+                .await
+                .batch_execute(&shard)
+                .await
+                .expect("a shard's grants");
+        }
+    }
+
     /// Moves `id` to `to` with its rows (method copy: the quickest for a few rows); returns the
     /// version of the cutover.
     pub async fn move_tenant(&self, id: &str, to: &str) -> i64 {
@@ -357,6 +415,17 @@ impl Topology {
             .map(|r| r.get(0))
             .collect()
     }
+}
+
+/// The SQL block README has after `<!-- mover grants: {which} -->`.
+pub fn readme_grants(which: &str) -> String {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+        .expect("read README.md");
+    let marker = format!("<!-- mover grants: {which} -->");
+    let after = &readme[readme.find(&marker).expect("the marker is in README") + marker.len()..];
+    let start = after.find("```sql\n").expect("an SQL block follows") + "```sql\n".len();
+    let end = after[start..].find("```").expect("the block ends");
+    after[start..start + end].to_owned()
 }
 
 /// Waits (with a deadline) until the client knows directory version `version` or a later one.

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use shard_directory_client::{EntityKey, Error, Router};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -92,6 +93,53 @@ fn kind(e: &Error) -> String {
         .to_owned()
 }
 
+/// What a workload writes for an entity, and how the audit finds it again: by default the
+/// orders of the harness's schema ([`Orders`]); the wider proof has others.
+pub trait Writes: Send + Sync {
+    /// The entity type the written rows belong to.
+    fn entity_type(&self) -> &'static str;
+    /// One write of `item` for entity `id`, in one routed transaction.
+    fn write<'a>(
+        &'a self,
+        router: &'a Router,
+        id: &'a str,
+        item: &'a str,
+    ) -> BoxFuture<'a, Result<(), Error>>;
+    /// A routed read of entity `id` (its items, counted).
+    fn count<'a>(&'a self, router: &'a Router, id: &'a str) -> BoxFuture<'a, Result<i64, Error>>;
+    /// A query listing, on one shard, every written item: `(entity id as text, item, parts)`,
+    /// where `parts` counts the rows written with the item in other tables (0 means one is
+    /// missing).
+    fn audit_sql(&self) -> &'static str;
+}
+
+/// An order with its line, in the harness's `orders` and `order_lines`.
+pub struct Orders;
+
+impl Writes for Orders {
+    fn entity_type(&self) -> &'static str {
+        "tenant"
+    }
+
+    fn write<'a>(
+        &'a self,
+        router: &'a Router,
+        id: &'a str,
+        item: &'a str,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(write_order(router, id, item))
+    }
+
+    fn count<'a>(&'a self, router: &'a Router, id: &'a str) -> BoxFuture<'a, Result<i64, Error>> {
+        Box::pin(count_orders(router, id))
+    }
+
+    fn audit_sql(&self) -> &'static str {
+        "SELECT o.tenant_id, o.item, count(l.*) FROM orders o
+         LEFT JOIN order_lines l USING (tenant_id, order_id) GROUP BY 1, 2"
+    }
+}
+
 /// One order and its line for `tenant`, in one routed transaction.
 pub async fn write_order(router: &Router, tenant: &str, item: &str) -> Result<(), Error> {
     let (tenant, item) = (tenant.to_owned(), item.to_owned());
@@ -161,6 +209,27 @@ impl Workload {
         seed: u64,
         ledger: Ledger,
     ) -> Workload {
+        Workload::start_with(
+            Arc::new(Orders),
+            routers,
+            tenants,
+            writers,
+            pause,
+            seed,
+            ledger,
+        )
+    }
+
+    /// [`Workload::start`], writing what `writes` writes.
+    pub fn start_with(
+        writes: Arc<dyn Writes>,
+        routers: &[Arc<Router>],
+        tenants: &[&str],
+        writers: usize,
+        pause: Duration,
+        seed: u64,
+        ledger: Ledger,
+    ) -> Workload {
         let (stop, stopped) = watch::channel(false);
         let ledger = Arc::new(Mutex::new(ledger));
         let seq = Arc::new(AtomicU64::new(0));
@@ -169,14 +238,15 @@ impl Workload {
         for w in 0..routers.len() * writers {
             let router = routers[w % routers.len()].clone();
             let (ledger, seq, tenants) = (ledger.clone(), seq.clone(), tenants.clone());
+            let writes = writes.clone();
             let mut stopped = stopped.clone();
             let mut rng = fastrand::Rng::with_seed(seed ^ (w as u64 + 1));
             tasks.push(tokio::spawn(async move {
                 while !*stopped.borrow() {
                     let tenant = &tenants[rng.usize(..tenants.len())];
                     let item = format!("w{w}-{}", seq.fetch_add(1, Ordering::Relaxed));
-                    let wrote = write_order(&router, tenant, &item).await;
-                    let read = count_orders(&router, tenant).await;
+                    let wrote = writes.write(&router, tenant, &item).await;
+                    let read = writes.count(&router, tenant).await;
                     ledger.lock().unwrap().record(tenant, item, wrote, read);
                     // Also wakes when told to stop, so that stopping never waits out a pause.
                     let _ = tokio::time::timeout(pause, stopped.changed()).await;
@@ -230,12 +300,17 @@ pub struct Audit {
 impl Audit {
     /// Reads every shard. The directory must be reachable and no move open.
     pub async fn of(t: &Topology, ledger: &Ledger) -> Audit {
+        Audit::of_with(t, ledger, &Orders).await
+    }
+
+    /// [`Audit::of`] for what `writes` wrote.
+    pub async fn of_with(t: &Topology, ledger: &Ledger, writes: &dyn Writes) -> Audit {
         let placements: HashMap<String, String> = t
             .dba()
             .await
             .query(
-                "SELECT entity_id, shard_name FROM shard_directory.shard_directory WHERE entity_type = 'tenant'",
-                &[],
+                "SELECT entity_id, shard_name FROM shard_directory.shard_directory WHERE entity_type = $1",
+                &[&writes.entity_type()],
             )
             .await
             .expect("read the placements")
@@ -247,11 +322,7 @@ impl Audit {
         for (shard, _) in &t.shards {
             let c = t.shard(shard).await;
             for r in c
-                .query(
-                    "SELECT o.tenant_id, o.item, count(l.*) FROM orders o
-                     LEFT JOIN order_lines l USING (tenant_id, order_id) GROUP BY 1, 2",
-                    &[],
-                )
+                .query(writes.audit_sql(), &[])
                 .await
                 .expect("read the orders")
             {

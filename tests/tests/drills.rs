@@ -146,9 +146,10 @@ async fn a_mover_killed_during_the_freeze_leaves_the_tenant_writable_after_resum
         .with_retry(RetryPolicy::default().deadline(Duration::from_secs(1)));
 
     for (tenant, verb, lands_on) in [("r", "resume", "shard_2"), ("x", "abort", "shard_1")] {
-        let killed = mover_cli::kill_at(&t, tenant, "shard_2", "copy", Phase::Frozen)
-            .await
-            .expect("the move was still running when killed");
+        let killed =
+            mover_cli::kill_at(&t, tenant, "shard_2", "copy", Phase::Frozen, Duration::ZERO)
+                .await
+                .expect("the move was still running when killed");
         let stopped_at = killed.stopped_at.expect("the killed move is open");
         assert!(
             (Phase::Frozen..Phase::Cutover).contains(&stopped_at),

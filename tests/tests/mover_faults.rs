@@ -30,9 +30,7 @@ fn logical() -> MoveOptions {
 
 /// A retry policy that waits out a freeze and its lease.
 fn patient() -> RetryPolicy {
-    let mut policy = RetryPolicy::default();
-    policy.deadline = Duration::from_secs(20);
-    policy
+    RetryPolicy::default().deadline(Duration::from_secs(20))
 }
 
 async fn phase_of(t: &Topology, move_id: i64) -> (String, Option<i64>) {

@@ -4,47 +4,14 @@
 //! more. The logical method's further needs are named too (PostgreSQL 15: superuser on the
 //! target), and `auto` chooses copy for a role without them.
 
-use std::collections::BTreeMap;
-
 use shard_directory_client::EntityKey;
 use shard_directory_e2e::observe;
+use shard_directory_e2e::topology::readme_grants;
 use shard_directory_e2e::Topology;
-use shard_directory_mover::{
-    Error, Left, Method, MethodChoice, MoveOptions, Mover, Overrides, Phase, ShardOverride,
-};
+use shard_directory_mover::{Error, Left, Method, MethodChoice, MoveOptions, Mover, Phase};
 
-/// The SQL block README has after `<!-- mover grants: {which} -->`.
-fn readme_grants(which: &str) -> String {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("read README.md");
-    let marker = format!("<!-- mover grants: {which} -->");
-    let after = &readme[readme.find(&marker).expect("the marker is in README") + marker.len()..];
-    let start = after.find("```sql\n").expect("an SQL block follows") + "```sql\n".len();
-    let end = after[start..].find("```").expect("the block ends");
-    after[start..start + end].to_owned()
-}
-
-/// A mover connecting as role `mover` everywhere, but as the superuser to `superuser_on`.
 fn as_mover(t: &Topology, options: MoveOptions, superuser_on: Option<&str>) -> Mover {
-    let mut directory = t.directory_config();
-    directory.user("mover");
-    let shards: BTreeMap<String, ShardOverride> = t
-        .shards
-        .iter()
-        .map(|(name, cluster)| {
-            let conninfo = cluster.conn_str("app");
-            let o = ShardOverride {
-                conninfo: Some(if superuser_on == Some(name.as_str()) {
-                    conninfo.clone()
-                } else {
-                    conninfo.replace("user=postgres", "user=mover")
-                }),
-                replication_conninfo: Some(conninfo),
-            };
-            (name.clone(), o)
-        })
-        .collect();
-    Mover::new(directory, Overrides { shards }, options)
+    t.mover_as_role(options, superuser_on)
 }
 
 fn copy() -> MoveOptions {
@@ -79,11 +46,7 @@ async fn a_role_holding_exactly_what_readme_lists_moves_tenants_and_nothing_less
     let t = Topology::with_shards("privileges", 2).await;
     t.add_tenant("a", "shard_1").await;
     t.seed_orders("shard_1", "a", 5, 2).await;
-    let create = "CREATE ROLE mover LOGIN";
-    t.dba().await.batch_execute(create).await.unwrap();
-    for (name, _) in &t.shards {
-        t.shard(name).await.batch_execute(create).await.unwrap();
-    }
+    t.create_mover_role().await;
     let mover = as_mover(&t, copy(), None);
     refused_for(
         &t,

@@ -13,7 +13,10 @@ async fn the_cli_moves_a_tenant_over_tls_and_refuses_an_unverified_server() {
     for cluster in std::iter::once(&t.directory).chain(t.shards.iter().map(|(_, c)| c)) {
         roots.extend(cluster.enable_tls().await);
         let admin = cluster.connect("postgres").await;
-        for step in ["ALTER SYSTEM SET log_connections = on", "SELECT pg_reload_conf()"] {
+        for step in [
+            "ALTER SYSTEM SET log_connections = on",
+            "SELECT pg_reload_conf()",
+        ] {
             admin.batch_execute(step).await.unwrap();
         }
     }
