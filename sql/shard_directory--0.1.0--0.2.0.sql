@@ -117,6 +117,13 @@ STABLE STRICT
 -- what admits a caller.
 LANGUAGE c AS 'MODULE_PATHNAME', 'changes_since_native';
 
+-- Which history the directory's versions belong to: a new value after a promotion or a restore
+-- (src/directory/epoch.rs). Clients read it with every version.
+CREATE FUNCTION "directory_epoch"() RETURNS text
+STRICT STABLE PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'directory_epoch_wrapper';
+
 -- A shard's region change is checked against the entries placed on it.
 CREATE FUNCTION "shards_region_guard"()
 	RETURNS TRIGGER
@@ -209,6 +216,15 @@ CREATE FUNCTION "release_expired_freeze"(
 VOLATILE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'release_expired_freeze_wrapper';
+
+-- The check for a transaction that only reads: a frozen entity is let through
+-- (src/shard/check.rs).
+CREATE FUNCTION "assert_directory_version"(
+	"reading" bool
+) RETURNS void
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'assert_directory_version_for_wrapper';
 
 -- The canonical text of an entity id as a key of a protected table (src/shard/key.rs).
 CREATE FUNCTION "canonical_entity_id"(

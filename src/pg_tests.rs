@@ -783,6 +783,32 @@ mod tests {
         );
     }
 
+    /// Reading the version writes nothing: no transaction id is taken (so it also answers on a
+    /// hot standby). Read with SPI's read-only path: `Spi::get_one` would take one itself.
+    #[pg_test]
+    fn reading_the_version_takes_no_transaction_id() {
+        let read = |sql: &str| {
+            Spi::connect(|c| c.select(sql, Some(1), &[])?.first().get_one::<bool>())
+                .expect("SPI")
+                .expect("a value")
+        };
+        assert!(read("SELECT shard_directory.current_version() >= 0"));
+        assert!(read("SELECT pg_current_xact_id_if_assigned() IS NULL"));
+    }
+
+    /// The epoch is what tells a promoted standby's or a restored directory's versions from
+    /// the history clients knew: the cluster's system identifier and its timeline.
+    #[pg_test]
+    fn the_epoch_is_the_system_identifier_and_the_timeline() {
+        assert_eq!(
+            one::<String>("SELECT shard_directory.directory_epoch()"),
+            one::<String>(
+                "SELECT s.system_identifier || '.' || c.timeline_id \
+                 FROM pg_control_system() s, pg_control_checkpoint() c"
+            )
+        );
+    }
+
     // ---------------------------------------------------------------- shard side
 
     fn client(version: &str) {
@@ -826,6 +852,41 @@ mod tests {
                 d["min_accepted"].as_i64()
             ),
             (Some("stale"), Some(41), Some(42))
+        );
+    }
+
+    /// A read is refused as a write is, for a stale version or a moved entity; a frozen entity
+    /// is read (its rows are all still here until the cutover), and written to by no one.
+    #[pg_test]
+    fn the_check_for_reads_lets_a_frozen_entity_through_and_nothing_else() {
+        const READ: &str = "SELECT shard_directory.assert_directory_version(true)";
+        Spi::run("SELECT shard_directory.fence_frozen('tenant', '1')").unwrap();
+        Spi::run("SELECT shard_directory.fence_moved('tenant', '2', 'shard_2', 42)").unwrap();
+        Spi::run("SELECT shard_directory.fence_owned('tenant', '3', 42)").unwrap();
+        client("41");
+        entity("1");
+        Spi::run(READ).unwrap();
+        assert_eq!(json(refusal(CHECK).detail)["reason"], "frozen");
+        assert_eq!(
+            json(refusal("SELECT shard_directory.assert_directory_version(false)").detail)
+                ["reason"],
+            "frozen"
+        );
+        entity("2");
+        let d = json(refusal(READ).detail);
+        assert_eq!(
+            (d["reason"].as_str(), d["moved_to"].as_str()),
+            (Some("moved"), Some("shard_2"))
+        );
+        entity("3");
+        assert_eq!(json(refusal(READ).detail)["reason"], "stale");
+        client("42");
+        Spi::run(READ).unwrap();
+        Spi::run("SELECT shard_directory.raise_min_accepted(50)").unwrap();
+        assert_eq!(json(refusal(READ).detail)["min_accepted"], 50);
+        assert_eq!(
+            refusal("SELECT shard_directory.assert_directory_version(NULL)").code,
+            ERRCODE_NULL_VALUE_NOT_ALLOWED
         );
     }
 

@@ -136,6 +136,9 @@ pub(crate) struct Cache {
     /// The known version, for whoever waits for one.
     announce: tokio::sync::watch::Sender<i64>,
     max_entries: usize,
+    /// The directory's epoch (`directory_epoch()`) the known version belongs to: `None` until
+    /// one is read, and for a directory that has none. Entries are of this history only.
+    history: Mutex<Option<String>>,
 }
 
 /// What learning a version did to the cache.
@@ -176,6 +179,38 @@ impl Cache {
             advancing: Mutex::new(()),
             announce: tokio::sync::watch::Sender::new(version),
             max_entries: max_entries.max(1),
+            history: Mutex::new(None),
+        }
+    }
+
+    /// The directory's epoch the cache's entries belong to.
+    pub fn history(&self) -> Option<String> {
+        self.history
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Learns that the directory read `version` in `epoch`. The first epoch read is adopted; a
+    /// different one means another history (a failover, a restore): its versions say nothing
+    /// of this cache's, so every entry is retired and `version` becomes the known version,
+    /// above or below it. Returns whether the epoch was new.
+    pub fn adopt_epoch(&self, epoch: &str, version: i64) -> bool {
+        let _turn = self.lock();
+        let mut history = self.history.lock().unwrap_or_else(|e| e.into_inner());
+        match history.as_deref() {
+            Some(known) if known == epoch => false,
+            None => {
+                *history = Some(epoch.to_owned());
+                false
+            }
+            Some(_) => {
+                *history = Some(epoch.to_owned());
+                // Changed before the flush: a fill that sees the new flush epoch sees it too.
+                drop(history);
+                self.retire_all(version);
+                true
+            }
         }
     }
 
@@ -296,11 +331,34 @@ impl Cache {
         true
     }
 
-    /// Stores what a fetch of `key` read at directory version `read_at` (`None`: no entry), if
-    /// nothing newer is known. Returns whether it was stored as current.
+    /// [`Cache::fill_in`] the epoch the cache knows (what a shard said, not the directory).
     pub fn fill(&self, key: &EntityKey, entry: Option<Entry>, read_at: i64) -> bool {
+        let history = self.history();
+        self.fill_in(key, entry, read_at, history.as_deref())
+    }
+
+    /// Stores what a fetch of `key` read at directory version `read_at` in the directory's
+    /// epoch `read_in` (`None`: no entry), if nothing newer is known and the read was of this
+    /// cache's history. Returns whether it was stored as current.
+    pub fn fill_in(
+        &self,
+        key: &EntityKey,
+        entry: Option<Entry>,
+        read_at: i64,
+        read_in: Option<&str>,
+    ) -> bool {
         debug_assert!(entry.is_none_or(|e| e.directory_version == read_at));
         let epoch = self.epoch.load(SeqCst);
+        // After the flush epoch: a change of history is made before its flush.
+        if self
+            .history
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_deref()
+            != read_in
+        {
+            return false;
+        }
         let map = self.map.pin();
         let fresh = Cached::new(entry, read_at, epoch);
         let stored = map.update(CacheKey::from(key), |old| {
@@ -424,6 +482,30 @@ mod tests {
             Lookup::Stale(_)
         ));
         assert!(fill(&cache, at("s2", 4)));
+    }
+
+    #[test]
+    fn another_epoch_retires_every_entry_and_a_read_of_the_old_one_is_refused() {
+        let cache = Cache::new(9, 100);
+        assert!(
+            !cache.adopt_epoch("7.1", 9),
+            "the first epoch read is adopted"
+        );
+        assert!(cache.fill_in(&key(1), Some(at("s1", 9)), 9, Some("7.1")));
+        assert!(!cache.adopt_epoch("7.1", 9));
+        // Promoted standby: timeline 2, at a version the old history also had.
+        assert!(cache.adopt_epoch("7.2", 9));
+        assert_eq!(cache.version(), 9);
+        assert!(matches!(cache.get(&key(1)), Lookup::Stale(_)));
+        assert!(
+            !cache.fill_in(&key(1), Some(at("s1", 9)), 9, Some("7.1")),
+            "read before the failover"
+        );
+        assert!(!cache.fill_in(&key(1), Some(at("s1", 9)), 9, None));
+        assert!(cache.fill_in(&key(1), Some(at("s2", 9)), 9, Some("7.2")));
+        assert!(
+            matches!(cache.get(&key(1)), Lookup::Current { entry: Some(e), .. } if e.shard_name == "s2")
+        );
     }
 
     #[test]

@@ -138,6 +138,22 @@ pub(crate) fn adopt_lower(cache: &Cache, counters: &Counters, known: i64, versio
     true
 }
 
+/// The directory read `version` in `epoch`: when that is a new epoch (a failover, a restore),
+/// the cache was flushed and goes on from `version`; counted and said. Returns whether it was.
+pub(crate) fn adopt_epoch(cache: &Cache, counters: &Counters, epoch: &str, version: i64) -> bool {
+    if !cache.adopt_epoch(epoch, version) {
+        return false;
+    }
+    counters.epoch_changed(version);
+    tracing::warn!(
+        epoch,
+        version,
+        "the shard directory's epoch changed (it failed over, or was restored): its versions \
+         are another history's; flushed the cache"
+    );
+    true
+}
+
 /// Called between a fill's fetch and its store into the cache (feature `test-hooks`).
 #[cfg(feature = "test-hooks")]
 pub type FillHook = Arc<dyn Fn() -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>;
@@ -212,8 +228,11 @@ impl Directory {
             &tls,
             counters.clone(),
         )?;
-        let (version, _) = store.current_version().await?;
-        let cache = Arc::new(Cache::new(version, settings.max_cached_entries));
+        let now = store.current_version().await?;
+        let cache = Arc::new(Cache::new(now.version, settings.max_cached_entries));
+        if let Some(epoch) = &now.epoch {
+            cache.adopt_epoch(epoch, now.version);
+        }
         let watch = Arc::new(Watch::default());
         // Straight to PostgreSQL, the watcher's own statements can be prepared.
         let (watcher_config, watcher_statements) = match settings.listen_config {
@@ -296,7 +315,7 @@ impl Directory {
         }
         let cached = match self.inner.cache.get(key) {
             Lookup::Current { entry, .. } => entry.map(Cached::Unchanged),
-            Lookup::Stale(e) => Some(Cached::Unchanged(e)),
+            Lookup::Stale(e) => Some(Cached::Flushed(e)),
             Lookup::Changed(e) => Some(Cached::Changed(e)),
             Lookup::Absent => None,
         };
@@ -357,23 +376,27 @@ impl Directory {
     }
 
     /// Reads the entry from the store until a read is at least as new as every invalidation heard
-    /// meanwhile, and caches it. A read below the known version is a race the first time (it may
-    /// have started before the version was learned); the second time in a row, the directory's
-    /// version went back, and the client adopts it instead of reading forever.
+    /// meanwhile, and caches it. A read below the version known when it began is the directory
+    /// itself going back (every version known was read from it before): the client adopts it.
+    /// One below a version learned while it ran is a race: it reads again.
     async fn fill(&self, key: &EntityKey) -> Result<Entry> {
         let inner = &self.inner;
-        let mut reads_below = 0;
         loop {
+            let known = inner.cache.version();
             #[cfg(feature = "redis")]
             if let Some(shared) = &inner.shared {
-                let known = inner.cache.version();
-                if let Some(entry) = shared.get(key, known, &inner.counters).await {
-                    if inner.cache.fill(key, Some(entry), entry.directory_version) {
+                let history = inner.cache.history();
+                let history = history.as_deref();
+                if let Some(entry) = shared.get(key, known, history, &inner.counters).await {
+                    if inner
+                        .cache
+                        .fill_in(key, Some(entry), entry.directory_version, history)
+                    {
                         return Ok(entry);
                     }
                 }
             }
-            let (entry, at) = inner.store.fetch(key).await?;
+            let (entry, at, read_in) = inner.store.fetch(key).await?;
             #[cfg(feature = "test-hooks")]
             {
                 let hook = inner.fill_hook.lock().expect("hook lock").clone();
@@ -381,27 +404,31 @@ impl Directory {
                     hook().await;
                 }
             }
-            let known = inner.cache.version();
-            if at < known {
-                reads_below += 1;
-                if reads_below < 2 || !adopt_lower(&inner.cache, &inner.counters, known, at) {
-                    tracing::debug!(entity = %key, read_at = at, known, "read below the known version; reading again");
-                    continue;
-                }
+            // Another history: the version known says nothing of this read's.
+            let new_history = read_in
+                .as_deref()
+                .is_some_and(|epoch| adopt_epoch(&inner.cache, &inner.counters, epoch, at));
+            if !new_history && at < known && !adopt_lower(&inner.cache, &inner.counters, known, at)
+            {
+                tracing::debug!(entity = %key, read_at = at, known, "the known version moved during a read below it; reading again");
+                continue;
             }
             // A fetch can see a version the watcher has not announced yet: its entry is
             // current as read, and the watcher reads what else changed.
-            if at > known {
+            if at > inner.cache.version() {
                 inner.watch.nudge();
             }
             let Some(entry) = entry else {
-                inner.cache.fill(key, None, at);
+                inner.cache.fill_in(key, None, at, read_in.as_deref());
                 return Err(Error::UnknownEntity(key.clone()));
             };
-            if inner.cache.fill(key, Some(entry), at) {
+            if inner
+                .cache
+                .fill_in(key, Some(entry), at, read_in.as_deref())
+            {
                 #[cfg(feature = "redis")]
                 if let Some(shared) = &inner.shared {
-                    shared.put(key, &entry).await;
+                    shared.put(key, &entry, read_in.as_deref()).await;
                 }
                 return Ok(entry);
             }
@@ -437,7 +464,9 @@ impl Directory {
     pub async fn refresh(&self) -> Result<i64> {
         let inner = &self.inner;
         let changes = inner.store.changes_since(inner.cache.version()).await?;
-        inner.watch.learned(&inner.cache, &inner.counters, &changes);
+        inner
+            .watch
+            .learned(&inner.cache, &inner.counters, &changes, false);
         Ok(inner.cache.version())
     }
 
@@ -464,6 +493,13 @@ impl Directory {
     /// Whether the watcher's connection is up.
     pub fn is_connected(&self) -> bool {
         self.inner.watch.connected()
+    }
+
+    /// Whether notifications reach the watcher: it heard its own probe when it connected. False
+    /// with `listen` off, and behind a transaction-mode pooler (the watcher then polls every
+    /// second, and says so in a WARN).
+    pub fn is_listening(&self) -> bool {
+        self.inner.watch.listening()
     }
 
     /// When the watcher last heard from the directory (a notification or a poll).

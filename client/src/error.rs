@@ -80,6 +80,41 @@ pub enum Error {
         #[source]
         source: tokio_postgres::Error,
     },
+    /// A shard requires a directory version the directory has not reached: no refresh can
+    /// route this (the directory failed over and lost its last changes, or a shard's minimum
+    /// was raised by hand past it).
+    #[error(
+        "{entity}: shard \"{shard}\" requires directory version {minimum}, and the directory \
+         is at {directory_version}: no refresh can route this"
+    )]
+    DirectoryBehind {
+        /// The entity being routed.
+        entity: EntityKey,
+        /// The shard that refused.
+        shard: String,
+        /// The version it requires.
+        minimum: i64,
+        /// The directory's version, read after the refusal.
+        directory_version: i64,
+    },
+    /// A routed transaction did not finish within the retry deadline; `step` says where it was:
+    /// before `"commit"` nothing committed (retryable), at `"commit"` it may have.
+    #[error("shard \"{shard}\" did not finish {step} within {after:?}")]
+    ShardTimeout {
+        /// The shard.
+        shard: String,
+        /// Where the transaction was.
+        step: &'static str,
+        /// The deadline.
+        after: std::time::Duration,
+    },
+    /// The directory answers, but this client's connections to it are all busy (a burst of
+    /// lookups): not an outage, so the outage policy does not apply; retryable.
+    #[error("every connection to the shard directory stayed busy for {after:?}")]
+    DirectoryBusy {
+        /// How long a free connection was waited for.
+        after: std::time::Duration,
+    },
     /// Any other database error, returned untouched.
     #[error(transparent)]
     Db(#[from] tokio_postgres::Error),
@@ -98,6 +133,17 @@ impl Error {
         )
     }
 
+    /// Whether a shard could not be reached, or stopped answering (not a refusal or an error it
+    /// answered with).
+    pub fn is_shard_unreachable(&self) -> bool {
+        matches!(
+            self,
+            Error::ShardUnavailable { .. }
+                | Error::ShardConnection { .. }
+                | Error::ShardTimeout { .. }
+        )
+    }
+
     /// Whether running the same work again later can succeed without a code or config change.
     pub fn is_retryable(&self) -> bool {
         match self {
@@ -106,8 +152,12 @@ impl Error {
             | Error::ReadOnly(_)
             | Error::FailClosed { .. }
             | Error::Rejected { .. }
-            | Error::ShardUnavailable { .. } => true,
-            Error::ShardConnection { step, .. } => *step != "commit",
+            | Error::ShardUnavailable { .. }
+            | Error::DirectoryBusy { .. } => true,
+            Error::ShardConnection { step, .. } | Error::ShardTimeout { step, .. } => {
+                *step != "commit"
+            }
+            Error::DirectoryBehind { .. } => false,
             Error::Db(e) | Error::Directory(e) => transient(e),
             Error::UnknownEntity(_) | Error::UnknownShard { .. } | Error::Config(_) => false,
         }

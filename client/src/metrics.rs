@@ -36,12 +36,22 @@ pub mod names {
     /// Counter: times the directory's version was found below the one this client knew (a
     /// restore from backup, a failover that lost commits); the client adopted it and flushed.
     pub const VERSION_REGRESSIONS: &str = "shard_directory_version_regressions_total";
+    /// Counter: times the directory's epoch changed (it failed over, or was restored): the
+    /// client flushed its cache and went on from the version the new history reads.
+    pub const EPOCH_CHANGES: &str = "shard_directory_epoch_changes_total";
     /// Gauge: 1 while the watcher's connection is up, 0 while it reconnects (lookups then go
     /// to the store).
     pub const WATCHER_CONNECTED: &str = "shard_directory_watcher_connected";
 }
 
-const REASONS: [&str; 5] = ["stale", "missing", "frozen", "moved", "serialization"];
+const REASONS: [&str; 6] = [
+    "stale",
+    "missing",
+    "frozen",
+    "moved",
+    "serialization",
+    "other",
+];
 
 #[derive(Default)]
 pub(crate) struct Counters {
@@ -55,6 +65,7 @@ pub(crate) struct Counters {
     shared_hits: AtomicU64,
     shared_misses: AtomicU64,
     version_regressions: AtomicU64,
+    epoch_changes: AtomicU64,
     rejections: [AtomicU64; REASONS.len()],
 }
 
@@ -82,7 +93,10 @@ pub struct Stats {
     pub shared_cache_misses: u64,
     /// See [`names::VERSION_REGRESSIONS`].
     pub version_regressions: u64,
-    /// Shard rejections by reason: stale, missing, frozen, moved, serialization. In JSON, an
+    /// See [`names::EPOCH_CHANGES`].
+    pub epoch_changes: u64,
+    /// Shard rejections by reason: stale, missing, frozen, moved, serialization, other (a
+    /// reason this client does not know, returned without a retry). In JSON, an
     /// object (`jq .stats.rejections.moved`).
     #[serde(serialize_with = "by_reason")]
     pub rejections: Vec<(String, u64)>,
@@ -169,13 +183,14 @@ impl Counters {
         metrics::counter!(names::STORE_QUERIES).increment(1);
     }
 
+    /// Counted last: whoever sees the count sees the lag it came with.
     pub fn invalidated(&self, version: i64, lag: Option<Duration>) {
-        bump(&self.invalidations);
-        metrics::counter!(names::INVALIDATIONS).increment(1);
-        metrics::gauge!(names::VERSION).set(version as f64);
         if let Some(lag) = lag {
             metrics::histogram!(names::INVALIDATION_LAG).record(lag.as_secs_f64());
         }
+        metrics::gauge!(names::VERSION).set(version as f64);
+        metrics::counter!(names::INVALIDATIONS).increment(1);
+        bump(&self.invalidations);
     }
 
     pub fn flushed(&self) {
@@ -207,6 +222,12 @@ impl Counters {
         metrics::gauge!(names::VERSION).set(version as f64);
     }
 
+    pub fn epoch_changed(&self, version: i64) {
+        bump(&self.epoch_changes);
+        metrics::counter!(names::EPOCH_CHANGES).increment(1);
+        metrics::gauge!(names::VERSION).set(version as f64);
+    }
+
     pub fn watcher_connected(&self, up: bool) {
         metrics::gauge!(names::WATCHER_CONNECTED).set(if up { 1.0 } else { 0.0 });
     }
@@ -229,6 +250,7 @@ impl Counters {
             shared_cache_hits: get(&self.shared_hits),
             shared_cache_misses: get(&self.shared_misses),
             version_regressions: get(&self.version_regressions),
+            epoch_changes: get(&self.epoch_changes),
             rejections: REASONS
                 .iter()
                 .zip(&self.rejections)

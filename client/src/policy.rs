@@ -9,6 +9,9 @@ pub(crate) enum Cached {
     Unchanged(Entry),
     /// The directory changed it after it was read.
     Changed(Entry),
+    /// Cached before the directory changed more than it could say (a full flush): it may have
+    /// changed.
+    Flushed(Entry),
 }
 
 /// The guide's `DIRECTORY_UNAVAILABLE_POLICY`.
@@ -44,18 +47,24 @@ impl Policy {
                 state: Some(e.state),
                 reason: "its entry changed after it was cached",
             }),
+            (Policy::ServeFromCache, Some(Cached::Flushed(e))) => Err(Error::FailClosed {
+                entity: key.clone(),
+                state: Some(e.state),
+                reason: "it was cached before a change the directory could not name (a full flush)",
+            }),
             (Policy::ServeFromCache, Some(Cached::Unchanged(e))) => Err(Error::FailClosed {
                 entity: key.clone(),
                 state: Some(e.state),
                 reason: "the entity is mid-move",
             }),
-            (Policy::FailClosed, Some(Cached::Unchanged(e) | Cached::Changed(e))) => {
-                Err(Error::FailClosed {
-                    entity: key.clone(),
-                    state: Some(e.state),
-                    reason: "policy is FailClosed",
-                })
-            }
+            (
+                Policy::FailClosed,
+                Some(Cached::Unchanged(e) | Cached::Changed(e) | Cached::Flushed(e)),
+            ) => Err(Error::FailClosed {
+                entity: key.clone(),
+                state: Some(e.state),
+                reason: "policy is FailClosed",
+            }),
             (_, None) => Err(unreachable()),
         }
     }

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio_postgres::tls::MakeTlsConnect;
 #[cfg(not(feature = "native-tls"))]
 use tokio_postgres::NoTls;
-use tokio_postgres::{AsyncMessage, Client, Notification, Socket};
+use tokio_postgres::{AsyncMessage, CancelToken, Client, Notification, Socket};
 
 #[cfg(feature = "native-tls")]
 use crate::error::{Error, Result};
@@ -49,6 +49,95 @@ impl Connector {
         Ok(Connector::Native(
             postgres_native_tls::MakeTlsConnector::new(connector),
         ))
+    }
+}
+
+impl Connector {
+    /// The connector for a pool the application built itself (its TLS settings are not known
+    /// here), used only to cancel: the platform's default; `None` if it cannot be made.
+    pub fn platform() -> Option<Connector> {
+        #[cfg(not(feature = "native-tls"))]
+        return Some(Connector::Plain);
+        #[cfg(feature = "native-tls")]
+        Connector::new(None).ok()
+    }
+
+    async fn cancel(&self, token: CancelToken) -> Result<(), tokio_postgres::Error> {
+        match self {
+            #[cfg(not(feature = "native-tls"))]
+            Connector::Plain => token.cancel_query(NoTls).await,
+            #[cfg(feature = "native-tls")]
+            Connector::Native(tls) => token.cancel_query(tls.clone()).await,
+        }
+    }
+}
+
+/// A pooled connection lent to one routed transaction. Dropped before [`Lent::give_back`] (the
+/// caller dropped its future, or the attempt's time ran out), it may still be running a
+/// statement, holding the shard check's lock: the statement is cancelled (a CancelRequest, within
+/// `cancel_within`) and the connection closed, not handed to the next transaction.
+pub(crate) struct Lent {
+    object: Option<deadpool_postgres::Object>,
+    tls: Option<Connector>,
+    cancel_within: Duration,
+}
+
+impl Lent {
+    pub fn new(
+        object: deadpool_postgres::Object,
+        tls: Option<Connector>,
+        cancel_within: Duration,
+    ) -> Lent {
+        Lent {
+            object: Some(object),
+            tls,
+            cancel_within,
+        }
+    }
+
+    /// The transaction ended (committed, rolled back, or failed with an answer): the connection
+    /// goes back to the pool.
+    pub fn give_back(mut self) {
+        self.object.take();
+    }
+}
+
+impl std::ops::Deref for Lent {
+    type Target = deadpool_postgres::Object;
+    fn deref(&self) -> &Self::Target {
+        self.object.as_ref().expect("lent until given back")
+    }
+}
+
+impl std::ops::DerefMut for Lent {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.object.as_mut().expect("lent until given back")
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        let Some(object) = self.object.take() else {
+            return;
+        };
+        // Out of the pool: no other transaction gets a connection a cancel may still reach.
+        let client = deadpool_postgres::Object::take(object);
+        let (Some(tls), Ok(runtime)) = (self.tls.take(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        let within = self.cancel_within;
+        runtime.spawn(async move {
+            let token = client.cancel_token();
+            match tokio::time::timeout(within, tls.cancel(token)).await {
+                Ok(Ok(())) => tracing::debug!("cancelled an abandoned routed transaction"),
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "could not cancel an abandoned routed transaction")
+                }
+                Err(_) => tracing::debug!("the shard did not take the cancel request in time"),
+            }
+            drop(client);
+        });
     }
 }
 

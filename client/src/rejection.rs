@@ -11,7 +11,10 @@ use tokio_postgres::error::SqlState;
 #[non_exhaustive]
 pub enum Rejection {
     /// The client's directory version is below the shard's (or the entity's) minimum.
-    Stale,
+    Stale {
+        /// That minimum, when the shard said it.
+        minimum: Option<i64>,
+    },
     /// The transaction carried no directory version.
     Missing,
     /// The entity's cutover is running on this shard.
@@ -25,17 +28,22 @@ pub enum Rejection {
     },
     /// A plain serialization failure (no shard_directory DETAIL).
     Serialization,
+    /// A refusal of shard_directory's whose reason this client does not know (a newer
+    /// extension's, or one such as `truncate_fenced` that no re-routing cures): returned, not
+    /// retried.
+    Other(String),
 }
 
 impl Rejection {
     /// The label used in metrics and stats.
     pub fn reason(&self) -> &'static str {
         match self {
-            Rejection::Stale => "stale",
+            Rejection::Stale { .. } => "stale",
             Rejection::Missing => "missing",
             Rejection::Frozen => "frozen",
             Rejection::Moved { .. } => "moved",
             Rejection::Serialization => "serialization",
+            Rejection::Other(_) => "other",
         }
     }
 
@@ -50,6 +58,8 @@ impl Rejection {
             reason: String,
             moved_to: Option<String>,
             version: Option<i64>,
+            min_accepted: Option<i64>,
+            min_version: Option<i64>,
         }
         let detail: Option<Detail> = db.detail().and_then(|d| serde_json::from_str(d).ok());
         Some(match detail {
@@ -57,7 +67,10 @@ impl Rejection {
                 ("moved", Some(moved_to), Some(version)) => Rejection::Moved { moved_to, version },
                 ("frozen", ..) => Rejection::Frozen,
                 ("missing", ..) => Rejection::Missing,
-                _ => Rejection::Stale,
+                ("stale", ..) => Rejection::Stale {
+                    minimum: d.min_accepted.or(d.min_version),
+                },
+                (other, ..) => Rejection::Other(other.to_owned()),
             },
             None => Rejection::Serialization,
         })
@@ -70,6 +83,10 @@ impl fmt::Display for Rejection {
             Rejection::Moved { moved_to, version } => {
                 write!(f, "moved to {moved_to} at version {version}")
             }
+            Rejection::Stale {
+                minimum: Some(minimum),
+            } => write!(f, "stale (the shard requires directory version {minimum})"),
+            Rejection::Other(reason) => write!(f, "{reason}"),
             other => f.write_str(other.reason()),
         }
     }

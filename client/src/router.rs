@@ -4,7 +4,8 @@
 
 use std::any::Any;
 use std::collections::HashMap;
-use std::sync::RwLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
@@ -16,7 +17,7 @@ use crate::directory::Directory;
 use crate::entry::{EntityKey, Entry, State};
 use crate::error::{Error, Result};
 use crate::policy::Cached;
-use crate::pool::{self, Timeouts};
+use crate::pool::{self, Connector, Lent, Timeouts};
 use crate::rejection::Rejection;
 use crate::statements::Statements;
 
@@ -31,9 +32,8 @@ pub struct ShardConfig {
     /// Connections in its pool.
     pub pool_size: usize,
     /// How long to wait for a new connection (unless the connection string sets
-    /// `connect_timeout`) and for a free one in the pool; past it, `Error::ShardUnavailable`.
-    /// Statements themselves are bounded by the shard's `statement_timeout`, the application's
-    /// to choose.
+    /// `connect_timeout`); past it, `Error::ShardUnavailable`. A wait for a free one in the pool,
+    /// and the statements, are bounded by the [`RetryPolicy`]'s deadline.
     pub connect_timeout: Duration,
     /// How the stamp is sent; [`Statements::Unnamed`] behind a transaction-mode pooler that
     /// cannot carry prepared statements.
@@ -91,11 +91,15 @@ pub struct RetryPolicy {
     /// How long after its first attempt a transaction may still be re-run (after a 40001, or
     /// while its entity is `read_only`).
     pub deadline: Duration,
-    /// Backoff before re-running after a `frozen`, a plain serialization failure, a `read_only`
-    /// entry or an unreachable directory; doubles each time, with jitter.
+    /// Backoff before every re-run (but the first after a `moved` refusal, which says where to
+    /// go) and between looks at a `read_only` entry; doubles each time, with jitter.
     pub base_backoff: Duration,
     /// Upper bound of the backoff.
     pub max_backoff: Duration,
+    /// How long one attempt may take: the wait for a shard connection, BEGIN, the stamp, the
+    /// closure's statements and COMMIT. A re-run also ends by the deadline; the first attempt
+    /// always has this long (with a zero deadline, the one attempt there is).
+    pub attempt_timeout: Duration,
 }
 
 impl Default for RetryPolicy {
@@ -104,6 +108,7 @@ impl Default for RetryPolicy {
             deadline: Duration::from_secs(15),
             base_backoff: Duration::from_millis(10),
             max_backoff: Duration::from_millis(500),
+            attempt_timeout: Duration::from_secs(15),
         }
     }
 }
@@ -112,6 +117,7 @@ setters!(RetryPolicy {
     deadline: Duration,
     base_backoff: Duration,
     max_backoff: Duration,
+    attempt_timeout: Duration,
 });
 
 setters!(ShardConfig {
@@ -147,6 +153,14 @@ pub enum Reads<T> {
         /// From the shard it is being copied to.
         target: T,
     },
+    /// The entity is `migrating` and its target could not be reached: the source's result
+    /// (the source still owns every row of the entity), and why the target's is missing.
+    SourceOnly {
+        /// From the shard that still owns the entity.
+        source: T,
+        /// What reaching the target said.
+        target_unavailable: String,
+    },
 }
 
 impl<T> Reads<T> {
@@ -160,23 +174,45 @@ impl<T> Reads<T> {
     /// ```
     pub fn merge(self, f: impl FnOnce(T, T) -> T) -> T {
         match self {
-            Reads::One(t) => t,
+            Reads::One(t) | Reads::SourceOnly { source: t, .. } => t,
             Reads::Both { source, target } => f(source, target),
         }
     }
 }
 
 /// The client's version and entity for the shard's check, set for this transaction only.
-const STAMP: &str = "SELECT set_config('app.directory_version', $1, true), \
-                     set_config('app.entity_type', $2, true), set_config('app.entity_id', $3, true)";
+/// `$4`, the milliseconds the attempt has left, bounds its statements and any idle time in the
+/// transaction (a stricter `statement_timeout` of the session's stays).
+macro_rules! settings {
+    () => {
+        "set_config('app.directory_version', $1, true), \
+         set_config('app.entity_type', $2, true), set_config('app.entity_id', $3, true), \
+         set_config('statement_timeout', CASE WHEN current_setting('statement_timeout') <> '0' \
+             AND current_setting('statement_timeout')::interval <= ($4 || ' ms')::interval \
+             THEN current_setting('statement_timeout') ELSE $4 END, true), \
+         set_config('idle_in_transaction_session_timeout', $4, true)"
+    };
+}
+
+/// The settings, and the check `$check` run on them in the same statement (the subquery,
+/// volatile, so not flattened, sets them first).
+macro_rules! stamp_and {
+    ($check:literal) => {
+        concat!("SELECT ", $check, " FROM (SELECT ", settings!(), ") stamp")
+    };
+}
+
+/// An unchecked read's stamp: the settings alone.
+const STAMP: &str = concat!("SELECT ", settings!());
 
 /// A write's stamp also runs the check, so a stale route is refused before the closure runs
 /// (whatever error type the closure returns); the check's lock then holds every fence of the
-/// shard back until this transaction ends. The subquery (volatile, so not flattened) sets the
-/// settings first.
-const STAMP_AND_CHECK: &str = "SELECT shard_directory.assert_directory_version() FROM (\
-                     SELECT set_config('app.directory_version', $1, true), \
-                     set_config('app.entity_type', $2, true), set_config('app.entity_id', $3, true)) stamp";
+/// shard back until this transaction ends.
+const STAMP_AND_CHECK: &str = stamp_and!("shard_directory.assert_directory_version()");
+
+/// A read's: the check for a reader, which a frozen entity passes (its source holds every row
+/// until the cutover) and a moved or stale one does not.
+const STAMP_AND_READ_CHECK: &str = stamp_and!("shard_directory.assert_directory_version(true)");
 
 /// How a routed transaction begins: its isolation level and whether it is read-only (set at
 /// BEGIN, before the stamp, as `SET TRANSACTION` would have to be).
@@ -276,10 +312,16 @@ impl Router {
     /// Routes to `name` through a pool the application already has; `statements` says how the
     /// stamp is sent on its connections.
     pub fn with_pool(self, name: impl Into<String>, pool: Pool, statements: Statements) -> Self {
-        self.shards
-            .write()
-            .expect("shards lock")
-            .insert(name.into(), Shard { pool, statements });
+        self.shards.write().expect("shards lock").insert(
+            name.into(),
+            Shard {
+                pool,
+                statements,
+                read_check: Arc::new(AtomicBool::new(true)),
+                tls: Connector::platform(),
+                connect_timeout: Duration::from_secs(5),
+            },
+        );
         self
     }
 
@@ -380,24 +422,45 @@ impl Router {
         Ok(reads.merge(|source, _| source))
     }
 
-    /// Runs `f` as a read-only transaction. While the entity is `migrating` it runs on both the
-    /// source and the target and returns both results; otherwise on the owning shard.
+    /// Runs `f` as a read-only transaction, checked as a write is: a shard that has given the
+    /// entity away (or is ahead of this client's directory) refuses it, and it is repaired and
+    /// re-run like a write; a frozen entity is read where it is. While the entity is `migrating`
+    /// it runs on both the source and the target and returns both results; otherwise on the
+    /// owning shard.
     pub async fn read<T, E, F>(&self, key: &EntityKey, mut f: F) -> Result<Reads<T>, E>
     where
         F: AsyncFnMut(&Transaction<'_>) -> Result<T, E>,
         E: From<Error> + 'static,
     {
-        self.with_retries(key, Mode::Read, &mut f).await
+        self.with_retries(key, Mode::Read { checked: true }, &mut f)
+            .await
+    }
+
+    /// [`Router::read`] without the shard's check, for a caller that accepts a read from a shard
+    /// that may have given the entity away (an empty answer from the old shard after a cutover
+    /// this client has not heard of yet).
+    pub async fn read_unchecked<T, E, F>(&self, key: &EntityKey, mut f: F) -> Result<Reads<T>, E>
+    where
+        F: AsyncFnMut(&Transaction<'_>) -> Result<T, E>,
+        E: From<Error> + 'static,
+    {
+        self.with_retries(key, Mode::Read { checked: false }, &mut f)
+            .await
     }
 
     /// One attempt of `mode` at the route `entry` gives, stamped with `version`. (A method, not a closure: an async
     /// closure borrowing `&self` would make the caller's future `Send` for one lifetime only.)
+    /// `left`: the time the attempt has (its pool waits and its statements are bounded by it);
+    /// `at`: where it is, for the error that says so if the time runs out.
+    #[allow(clippy::too_many_arguments)]
     async fn once<T, E, F>(
         &self,
         key: &EntityKey,
         entry: &Entry,
         version: i64,
         mode: Mode,
+        left: Duration,
+        at: &Progress,
         f: &mut F,
     ) -> Result<Reads<T>, Attempt<E>>
     where
@@ -405,27 +468,42 @@ impl Router {
         E: 'static,
     {
         let shard = &entry.shard_name;
+        let bound = Bound { left, at };
+        let stamped = |options, sql| Stamp {
+            key,
+            version,
+            options,
+            sql,
+        };
         match mode {
             Mode::Write(options) => {
                 if entry.state == State::ReadOnly && !options.read_only {
                     return Err(Attempt::ReadOnly);
                 }
                 let one = self
-                    .attempt(shard, key, version, options, STAMP_AND_CHECK, f)
+                    .attempt(shard, &stamped(options, STAMP_AND_CHECK), &bound, f)
                     .await?;
                 Ok(Reads::One(one))
             }
-            Mode::Read => {
+            Mode::Read { checked } => {
                 let options = TxOptions::default().read_only();
-                let source = self.attempt(shard, key, version, options, STAMP, f).await?;
-                match (&entry.state, &entry.target_shard) {
-                    (State::Migrating, Some(target)) => {
-                        let target = self
-                            .attempt(target, key, version, options, STAMP, f)
-                            .await?;
-                        Ok(Reads::Both { source, target })
+                let stamp = stamped(options, if checked { STAMP_AND_READ_CHECK } else { STAMP });
+                let source = self.attempt(shard, &stamp, &bound, f).await?;
+                let (State::Migrating, Some(target)) = (&entry.state, &entry.target_shard) else {
+                    return Ok(Reads::One(source));
+                };
+                match self.attempt(target, &stamp, &bound, f).await {
+                    Ok(target) => Ok(Reads::Both { source, target }),
+                    // The source still owns every row: its answer stands without the target's.
+                    Err(Attempt::Fatal(e)) if e.is_shard_unreachable() => {
+                        tracing::warn!(entity = %key, shard = %target, error = %e,
+                            "the target of a migrating entity could not be read; returning the source's answer");
+                        Ok(Reads::SourceOnly {
+                            source,
+                            target_unavailable: e.to_string(),
+                        })
                     }
-                    _ => Ok(Reads::One(source)),
+                    Err(other) => Err(other),
                 }
             }
         }
@@ -459,24 +537,36 @@ impl Router {
             let backoff = self.retry.backoff(attempt);
             let out_of_time = started.elapsed() + backoff > self.retry.deadline;
             let counters = self.directory.counters();
-            let (rejection, source) = match self
-                .once(key, &entry, version, mode, f)
-                .instrument(span.clone())
-                .await
-            {
+            // Every attempt, the pool wait included, is bounded (a re-run by the deadline too);
+            // one still running then is dropped, and its statement cancelled.
+            let left = match attempt {
+                1 => self.retry.attempt_timeout,
+                _ => (self.retry.deadline.saturating_sub(started.elapsed()))
+                    .min(self.retry.attempt_timeout),
+            };
+            let at = Progress::default();
+            let once = self.once(key, &entry, version, mode, left, &at, f);
+            let outcome = match tokio::time::timeout(left, once.instrument(span.clone())).await {
+                Ok(outcome) => outcome,
+                Err(_) => return Err(at.timed_out(left).into()),
+            };
+            let (rejection, source) = match outcome {
                 Ok(t) => return Ok(t),
                 Err(Attempt::Fatal(e)) => return Err(e.into()),
                 Err(Attempt::Caller(e)) => return Err(e),
+                Err(Attempt::Again) => continue,
                 Err(Attempt::ReadOnly) if out_of_time => {
                     tracing::warn!(entity = %key, attempts = attempt, "gave up waiting for a cutover to end");
                     return Err(Error::ReadOnly(key.clone()).into());
                 }
                 Err(Attempt::ReadOnly) => {
                     counters.retried();
-                    // A freeze whose mover vanished ends with its lease: the directory is asked
-                    // to release it, and when it does, the write goes ahead at once.
+                    // Not only the cached state: the cutover may have committed while this
+                    // client was not told (no LISTEN behind a pooler). And a freeze whose mover
+                    // vanished ends with its lease: the directory is asked to release it.
                     if !self.directory.release_if_expired(key).await {
                         tokio::time::sleep(backoff).await;
+                        self.refresh_or_degrade(key, &entry).await?;
                     }
                     continue;
                 }
@@ -484,67 +574,150 @@ impl Router {
             };
             counters.rejected(rejection.reason());
             tracing::debug!(entity = %key, %rejection, attempt, "shard refused the transaction");
-            if out_of_time {
+            let give_up = |rejection| match source {
+                Refusal::Ours(source) => Error::Rejected {
+                    entity: key.clone(),
+                    attempts: attempt,
+                    rejection,
+                    source,
+                }
+                .into(),
+                Refusal::Caller(e) => e,
+            };
+            if out_of_time || matches!(rejection, Rejection::Other(_)) {
                 tracing::warn!(entity = %key, %rejection, attempts = attempt, "shard kept refusing the transaction; giving up");
-                return Err(match source {
-                    Refusal::Ours(source) => Error::Rejected {
-                        entity: key.clone(),
-                        attempts: attempt,
-                        rejection,
-                        source,
-                    }
-                    .into(),
-                    Refusal::Caller(e) => e,
-                });
+                return Err(give_up(rejection));
             }
             counters.retried();
             match &rejection {
-                Rejection::Moved { moved_to, version } => {
-                    self.directory.learn_moved(key, &entry, moved_to, *version)
-                }
-                Rejection::Stale | Rejection::Missing => {
-                    if let Err(e) = self.directory.refresh().await {
-                        if !e.is_directory_outage() {
-                            return Err(e.into());
-                        }
-                        // The directory cannot say where the entity is now: the outage policy
-                        // decides, as for a lookup (FailClosed gives up here; ServeFromCache
-                        // re-runs on the cached route after a backoff).
-                        tracing::debug!(entity = %key, error = %e, "refresh failed during a retry");
-                        self.directory
-                            .degraded(key, Some(Cached::Unchanged(entry)), e)?;
-                        tokio::time::sleep(backoff).await;
+                Rejection::Moved { moved_to, version } if self.can_route_to(moved_to) => {
+                    self.directory.learn_moved(key, &entry, moved_to, *version);
+                    // The refusal said where to go: the first time, straight there.
+                    if attempt == 1 {
+                        continue;
                     }
                 }
-                Rejection::Frozen | Rejection::Serialization => {
-                    tokio::time::sleep(backoff).await;
+                // A shard this router cannot reach (retired, or not learned yet): the
+                // directory says where the entity is, not the refusal.
+                Rejection::Moved { .. } | Rejection::Stale { .. } | Rejection::Missing => {
+                    let refreshed = self.refresh_or_degrade(key, &entry).await?;
+                    // A minimum the directory has not reached: no refresh cures it (a failover
+                    // that lost the directory's last changes, a minimum raised by hand).
+                    if let (
+                        true,
+                        Rejection::Stale {
+                            minimum: Some(minimum),
+                        },
+                    ) = (refreshed, &rejection)
+                    {
+                        let (minimum, known) = (*minimum, self.directory.version());
+                        if known < minimum {
+                            return Err(Error::DirectoryBehind {
+                                entity: key.clone(),
+                                shard: entry.shard_name.to_string(),
+                                minimum,
+                                directory_version: known,
+                            }
+                            .into());
+                        }
+                    }
                 }
+                Rejection::Frozen | Rejection::Serialization | Rejection::Other(_) => {}
             }
+            // The refresh took its time: an attempt that could not end by the deadline is not
+            // begun, and the refusal says why.
+            if started.elapsed() + backoff >= self.retry.deadline {
+                tracing::warn!(entity = %key, %rejection, attempts = attempt, "shard kept refusing the transaction; giving up");
+                return Err(give_up(rejection));
+            }
+            tokio::time::sleep(backoff).await;
         }
     }
 
-    /// One transaction on `shard`, begun with `options` and stamped (`stamp`) with `version`.
-    /// An `Err` from `f` rolls it back.
+    /// Reads what changed in the directory (true); when it cannot be reached, the outage policy
+    /// decides, as for a lookup (FailClosed gives up; ServeFromCache goes on with the cached
+    /// route: false).
+    async fn refresh_or_degrade(&self, key: &EntityKey, entry: &Entry) -> Result<bool> {
+        match self.directory.refresh().await {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_directory_outage() => {
+                tracing::debug!(entity = %key, error = %e, "refresh failed during a retry");
+                self.directory
+                    .degraded(key, Some(Cached::Unchanged(*entry)), e)
+                    .map(|_| false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether this router has, or can learn, a pool for `shard`.
+    fn can_route_to(&self, shard: &str) -> bool {
+        self.learn.is_some() || self.shards.read().expect("shards lock").contains_key(shard)
+    }
+
+    /// One transaction on `shard`, begun and stamped as `stamp` says, within `bound`: the wait
+    /// for a pooled connection, and every statement on the server (`statement_timeout`, and
+    /// `idle_in_transaction_session_timeout` for a caller that stops in the middle), end by the
+    /// deadline; an attempt dropped before it ends has its statement cancelled ([`Lent`]), so
+    /// nothing it began holds the shard after it. An `Err` from `f` rolls it back.
     async fn attempt<T, E, F>(
         &self,
         shard: &str,
-        key: &EntityKey,
-        version: i64,
-        options: TxOptions,
-        stamp: &str,
+        stamp: &Stamp<'_>,
+        bound: &Bound<'_>,
         f: &mut F,
     ) -> Result<T, Attempt<E>>
     where
         F: AsyncFnMut(&Transaction<'_>) -> Result<T, E>,
         E: 'static,
     {
-        let Shard { pool, statements } = self.shard(shard, key).await.map_err(Attempt::Fatal)?;
-        let mut client = pool.get().await.map_err(|source| {
+        bound.at.step(shard, "connect");
+        let routed = self.shard(shard, stamp.key).await.map_err(Attempt::Fatal)?;
+        // A pool of the application's own may have no wait bound (nor the runtime one needs):
+        // the attempt's bound covers it.
+        let mut timeouts = routed.pool.timeouts();
+        if timeouts.wait.is_some() {
+            timeouts.wait = Some(bound.left);
+        }
+        let client = routed.pool.timeout_get(&timeouts).await.map_err(|source| {
             Attempt::Fatal(Error::ShardUnavailable {
                 shard: shard.to_owned(),
                 source,
             })
         })?;
+        let mut lent = Lent::new(client, routed.tls.clone(), routed.connect_timeout);
+        let ended = self
+            .transact(shard, &routed, &mut lent, stamp, bound, f)
+            .await;
+        lent.give_back();
+        ended
+    }
+
+    /// The transaction of [`Router::attempt`] on `client`, a connection of `routed`.
+    async fn transact<T, E, F>(
+        &self,
+        shard: &str,
+        routed: &Shard,
+        client: &mut deadpool_postgres::Object,
+        &Stamp {
+            key,
+            version,
+            options,
+            sql: stamp,
+        }: &Stamp<'_>,
+        bound: &Bound<'_>,
+        f: &mut F,
+    ) -> Result<T, Attempt<E>>
+    where
+        F: AsyncFnMut(&Transaction<'_>) -> Result<T, E>,
+        E: 'static,
+    {
+        let Shard {
+            statements,
+            read_check,
+            ..
+        } = routed;
+        bound.at.step(shard, "begin");
         let mut begin = client.build_transaction().read_only(options.read_only);
         if let Some(level) = options.isolation {
             begin = begin.isolation_level(level);
@@ -554,18 +727,41 @@ impl Router {
             .await
             .map_err(|e| Attempt::db(shard, "begin", e))?;
         // One round trip: prepared once per connection, or unnamed.
+        bound.at.step(shard, "stamp");
         let version = version.to_string();
-        let params: [(&(dyn ToSql + Sync), Type); 3] = [
+        let left = bound.left.as_millis().max(1).to_string();
+        let params: [(&(dyn ToSql + Sync), Type); 4] = [
             (&version, Type::TEXT),
             (&key.entity_type, Type::TEXT),
             (&key.entity_id, Type::TEXT),
+            (&left, Type::TEXT),
         ];
-        statements
-            .query(&tx, &*tx, stamp, params)
-            .await
-            .map_err(|e| Attempt::db(shard, "stamp", e))?;
+        // A shard whose extension predates the read check: read it unchecked, saying so once.
+        let stamp = if stamp == STAMP_AND_READ_CHECK && !read_check.load(Ordering::Relaxed) {
+            STAMP
+        } else {
+            stamp
+        };
+        let stamped = statements.query(&tx, &*tx, stamp, params).await;
+        match stamped {
+            Err(e)
+                if stamp == STAMP_AND_READ_CHECK
+                    && e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_FUNCTION) =>
+            {
+                tracing::warn!(
+                    shard,
+                    "the shard's shard_directory has no check for reads \
+                    (ALTER EXTENSION shard_directory UPDATE there): its reads go unchecked"
+                );
+                read_check.store(false, Ordering::Relaxed);
+                return Err(Attempt::Again);
+            }
+            stamped => stamped.map_err(|e| Attempt::db(shard, "stamp", e))?,
+        };
+        bound.at.step(shard, "the caller's statements");
         match f(&tx).await {
             Ok(out) => {
+                bound.at.step(shard, "commit");
                 tx.commit()
                     .await
                     .map_err(|e| Attempt::db(shard, "commit", e))?;
@@ -580,11 +776,47 @@ impl Router {
     }
 }
 
+/// What a routed transaction is stamped with, and how it begins.
+struct Stamp<'a> {
+    key: &'a EntityKey,
+    version: i64,
+    options: TxOptions,
+    /// The stamp's statement (it runs the check, or not).
+    sql: &'static str,
+}
+
+/// The time an attempt has, and where it is in it.
+struct Bound<'a> {
+    left: Duration,
+    at: &'a Progress,
+}
+
+/// Where an attempt is (shard and step), for the error that says so when its time runs out.
+#[derive(Default)]
+struct Progress(std::sync::Mutex<Option<(String, &'static str)>>);
+
+impl Progress {
+    fn step(&self, shard: &str, step: &'static str) {
+        *self.0.lock().expect("progress lock") = Some((shard.to_owned(), step));
+    }
+
+    fn timed_out(&self, after: Duration) -> Error {
+        let at = self.0.lock().expect("progress lock").clone();
+        let (shard, step) = at.unwrap_or_else(|| ("?".to_owned(), "routing"));
+        Error::ShardTimeout { shard, step, after }
+    }
+}
+
 /// A shard the router can reach.
 #[derive(Clone)]
 struct Shard {
     pool: Pool,
     statements: Statements,
+    /// Whether its extension has the check for reads (cleared when it turns out not to).
+    read_check: Arc<AtomicBool>,
+    /// How an abandoned transaction's statement is cancelled.
+    tls: Option<Connector>,
+    connect_timeout: Duration,
 }
 
 impl Shard {
@@ -599,6 +831,9 @@ impl Shard {
         Ok(Shard {
             pool,
             statements: config.statements,
+            read_check: Arc::new(AtomicBool::new(true)),
+            tls: Some(tls),
+            connect_timeout: config.connect_timeout,
         })
     }
 }
@@ -608,14 +843,18 @@ impl Shard {
 enum Mode {
     /// `run`: on the owning shard, checked before the closure runs; waits out `read_only`.
     Write(TxOptions),
-    /// `read`: read-only, on both shards while the entity is `migrating`.
-    Read,
+    /// `read`: read-only, on both shards while the entity is `migrating`; `checked` unless the
+    /// caller opted out.
+    Read { checked: bool },
 }
 
 /// How one attempt ended, when it did not succeed.
 enum Attempt<E> {
     /// The entity is `read_only`: nothing was sent; wait for the freeze to end.
     ReadOnly,
+    /// Nothing went wrong that a retry would repeat: re-run at once (the stamp was adapted to
+    /// the shard).
+    Again,
     /// The shard refused the route (40001): worth re-running.
     Refused(Rejection, Refusal<E>),
     Fatal(Error),

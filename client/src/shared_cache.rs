@@ -1,8 +1,10 @@
 //! The guide's middle layer (feature `redis`): a cache shared by all instances, in Redis.
 //!
-//! Keys carry the directory version the entry was read at, and a lookup asks for the version the
-//! client knows, so the shared cache can never hand back a mapping older than the client's
-//! version. Any Redis error, timeout or unreadable value falls through to the directory.
+//! Keys carry the directory's epoch and the version the entry was read at, and a lookup asks for
+//! the epoch and version the client knows, so the shared cache can never hand back a mapping
+//! older than the client's version, nor one of another history (read before a failover or
+//! restore that lost it). Any Redis error, timeout or unreadable value falls through to the
+//! directory.
 
 use std::time::Duration;
 
@@ -65,11 +67,12 @@ impl SharedCache {
         })
     }
 
-    /// Unambiguous even when ids contain ':'.
-    fn key(&self, key: &EntityKey, version: i64) -> String {
+    /// Unambiguous even when ids contain ':' (an epoch has none: digits and a dot).
+    fn key(&self, key: &EntityKey, epoch: Option<&str>, version: i64) -> String {
         format!(
-            "{}:v{version}:{}:{}:{}",
+            "{}:{}:v{version}:{}:{}:{}",
             self.config.prefix,
+            epoch.unwrap_or(""),
             key.entity_type.len(),
             key.entity_type,
             key.entity_id
@@ -95,10 +98,16 @@ impl SharedCache {
         }
     }
 
-    /// The entry as read at exactly `version`, if some instance stored it.
-    pub async fn get(&self, key: &EntityKey, version: i64, counters: &Counters) -> Option<Entry> {
+    /// The entry as read at exactly `version` in `epoch`, if some instance stored it.
+    pub async fn get(
+        &self,
+        key: &EntityKey,
+        version: i64,
+        epoch: Option<&str>,
+        counters: &Counters,
+    ) -> Option<Entry> {
         let found: Option<String> = match self.connection().await {
-            Some(mut c) => match c.get(self.key(key, version)).await {
+            Some(mut c) => match c.get(self.key(key, epoch, version)).await {
                 Ok(v) => v,
                 Err(e) => {
                     tracing::debug!(error = %e, "shared cache read failed");
@@ -118,13 +127,13 @@ impl SharedCache {
         entry
     }
 
-    /// Stores what this instance read from the directory; errors are only logged.
-    pub async fn put(&self, key: &EntityKey, entry: &Entry) {
+    /// Stores what this instance read from the directory in `epoch`; errors are only logged.
+    pub async fn put(&self, key: &EntityKey, entry: &Entry, epoch: Option<&str>) {
         let Some(mut c) = self.connection().await else {
             return;
         };
         let json = serde_json::to_string(entry).expect("entries serialize");
-        let key = self.key(key, entry.directory_version);
+        let key = self.key(key, epoch, entry.directory_version);
         if let Err(e) = c
             .set_ex::<_, _, ()>(key, json, self.config.ttl.as_secs().max(1))
             .await

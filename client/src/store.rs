@@ -1,8 +1,8 @@
 //! The authoritative store: the directory database, read one round trip per query.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
 use tokio_postgres::types::ToSql;
@@ -16,21 +16,68 @@ use crate::pool::{self, Connector, Timeouts};
 use crate::statements::Statements;
 use tokio_postgres::types::Type;
 
-/// The entry and the global version, from one snapshot, in one round trip.
-/// The version row is read by its key (`WHERE id`): the table bloats under sustained writes.
-const FETCH: &str = "SELECT v.version, d.shard_name, d.target_shard, d.state, d.region, d.version \
-                     FROM shard_directory.shard_directory_version v \
-                     LEFT JOIN shard_directory.shard_directory d \
-                       ON d.entity_type = $1 AND d.entity_id = $2 \
-                     WHERE v.id";
+/// The entry and the global version (and the directory's epoch, `$epoch`), from one snapshot, in
+/// one round trip. The version row is read by its key (`WHERE id`): the table bloats under
+/// sustained writes.
+macro_rules! fetch {
+    ($epoch:expr) => {
+        concat!(
+            "SELECT v.version, d.shard_name, d.target_shard, d.state, d.region, d.version",
+            $epoch,
+            " FROM shard_directory.shard_directory_version v \
+             LEFT JOIN shard_directory.shard_directory d \
+               ON d.entity_type = $1 AND d.entity_id = $2 \
+             WHERE v.id"
+        )
+    };
+}
 
-pub(crate) const CURRENT_VERSION: &str =
-    "SELECT version, extract(epoch FROM now() - updated_at)::float8 FROM shard_directory.shard_directory_version WHERE id";
+/// The directory's epoch, as a column of the reads that carry it.
+macro_rules! epoch {
+    () => {
+        ", shard_directory.directory_epoch() AS epoch"
+    };
+}
 
-/// The version, its age, and what changed since `$1`, from one snapshot, in one round trip.
-pub(crate) const CHANGES: &str =
-    "SELECT version, age, complete, entity_types, entity_ids, versions \
-     FROM shard_directory.changes_since($1)";
+/// A fill's read: with the epoch, and without (an extension older than `directory_epoch()`).
+const FETCH: [&str; 2] = [fetch!(epoch!()), fetch!("")];
+
+/// The version's own read: the version, its age (and the epoch).
+macro_rules! version {
+    ($epoch:expr) => {
+        concat!(
+            "SELECT version, extract(epoch FROM now() - updated_at)::float8",
+            $epoch,
+            " FROM shard_directory.shard_directory_version WHERE id"
+        )
+    };
+}
+
+/// How the version is read, best first: with what changed since `$1` and the epoch, from one
+/// snapshot, in one round trip; the version and the epoch (a role not granted
+/// `changes_since()`); the version alone (an extension older than both). A reader steps down
+/// when the directory refuses one and never back up; [`SINCE`] is the one that takes `$1`.
+pub(crate) const VERSION_READS: [&str; 3] = [
+    concat!(
+        "SELECT version, age, complete, entity_types, entity_ids, versions",
+        epoch!(),
+        " FROM shard_directory.changes_since($1)"
+    ),
+    version!(epoch!()),
+    version!(""),
+];
+
+/// The read of [`VERSION_READS`] that says what changed.
+pub(crate) const SINCE: usize = 0;
+
+/// The function whose absence (or whose missing grant) makes a reader step down from `read`.
+pub(crate) fn needs(read: usize) -> &'static str {
+    if read == SINCE {
+        "changes_since"
+    } else {
+        "directory_epoch"
+    }
+}
 
 /// What a read of the directory's version brought.
 #[derive(Debug)]
@@ -43,12 +90,16 @@ pub(crate) struct Changes {
     /// Every key changed after `since`, with the latest version that changed it; `None` when
     /// the directory cannot say (history purged, too many changes, no `changes_since()`).
     pub changed: Option<Vec<(EntityKey, i64)>>,
+    /// The directory's epoch (`None`: an extension without `directory_epoch()`).
+    pub epoch: Option<String>,
 }
 
 impl Changes {
-    /// From a row of [`CHANGES`], or of [`CURRENT_VERSION`] (nothing known of what changed).
+    /// From a row of one of [`VERSION_READS`] (those without `complete` say nothing of what
+    /// changed).
     pub fn from_row(since: i64, row: &Row) -> Changes {
-        let changed = (row.len() > 2 && row.get::<_, bool>(2)).then(|| {
+        let has = |column: &str| row.columns().iter().any(|c| c.name() == column);
+        let changed = (has("complete") && row.get::<_, bool>("complete")).then(|| {
             let types: Vec<String> = row.get::<_, Option<_>>(3).unwrap_or_default();
             let ids: Vec<String> = row.get::<_, Option<_>>(4).unwrap_or_default();
             let versions: Vec<i64> = row.get::<_, Option<_>>(5).unwrap_or_default();
@@ -64,13 +115,8 @@ impl Changes {
             version: row.get(0),
             age: Duration::try_from_secs_f64(row.get::<_, f64>(1)).ok(),
             changed,
+            epoch: has("epoch").then(|| row.get("epoch")),
         }
-    }
-
-    /// Whether `e` says `changes_since()` cannot be used here (an extension older than 0.2.0,
-    /// or a role not granted EXECUTE on it); says so once.
-    pub fn unavailable(e: &tokio_postgres::Error) -> bool {
-        Changes::unavailable_as(e, "changes_since")
     }
 
     /// Whether `e` says `function` cannot be used here; says so once per function.
@@ -86,6 +132,10 @@ impl Changes {
                 warned.push(function);
                 let without = match function {
                     "changes_since" => "every directory change flushes the whole cache",
+                    "directory_epoch" => {
+                        "a failover or restore that lost the directory's last changes is noticed \
+                         only while its version is below the one this client knew"
+                    }
                     _ => "a freeze no mover ends stays until an operator aborts its move",
                 };
                 tracing::warn!(error = %e, "shard_directory.{function}() is not available \
@@ -102,8 +152,13 @@ pub(crate) struct Store {
     counters: Arc<Counters>,
     timeouts: Timeouts,
     statements: Statements,
-    /// Cleared once `changes_since()` turned out not to be available.
-    by_entity: AtomicBool,
+    /// The best of [`VERSION_READS`] the directory has answered (or not yet refused).
+    version_read: AtomicUsize,
+    /// The best of [`FETCH`] likewise.
+    fetch: AtomicUsize,
+    /// When a query last came back, as time since `opened`.
+    answered: AtomicU64,
+    opened: Instant,
 }
 
 /// A connection-level failure means "unreachable", and so does a server that answers only to
@@ -117,13 +172,18 @@ pub(crate) fn classify(e: tokio_postgres::Error) -> Error {
     }
 }
 
-fn pool_error(e: deadpool_postgres::PoolError, timeouts: Timeouts) -> Error {
+/// `answering`: whether the directory answered a query of this pool while the wait lasted; a
+/// wait for a free connection then ran out because this client is busy, not the directory.
+fn pool_error(e: deadpool_postgres::PoolError, timeouts: Timeouts, answering: bool) -> Error {
     use deadpool_postgres::{PoolError, TimeoutType};
     match e {
         PoolError::Backend(e) => classify(e),
         PoolError::Timeout(TimeoutType::Create) => Error::DirectoryTimeout {
             what: "a new connection",
             after: timeouts.connect,
+        },
+        PoolError::Timeout(_) if answering => Error::DirectoryBusy {
+            after: timeouts.query,
         },
         PoolError::Timeout(_) => Error::DirectoryTimeout {
             what: "a pooled connection",
@@ -149,11 +209,16 @@ impl Store {
             counters,
             timeouts,
             statements,
-            by_entity: AtomicBool::new(true),
+            version_read: AtomicUsize::new(SINCE),
+            fetch: AtomicUsize::new(0),
+            answered: AtomicU64::new(0),
+            opened: Instant::now(),
         })
     }
 
-    /// Runs `sql` on a pooled connection, within the query timeout.
+    /// Runs `sql` on a pooled connection: the wait for one and the query each within the query
+    /// timeout. A connection whose query ran out of time is closed, not handed to the next query
+    /// to wait behind it.
     async fn query<const N: usize>(
         &self,
         sql: &str,
@@ -161,19 +226,30 @@ impl Store {
     ) -> Result<Vec<Row>> {
         self.counters.store_query();
         let timeouts = self.timeouts;
-        let work = async {
-            let client = self.pool.get().await.map_err(|e| pool_error(e, timeouts))?;
-            self.statements
-                .query(&client, &**client, sql, params)
-                .await
-                .map_err(classify)
-        };
-        tokio::time::timeout(timeouts.query, work)
-            .await
-            .unwrap_or(Err(Error::DirectoryTimeout {
-                what: "a query",
-                after: timeouts.query,
-            }))
+        let waited = self.since_opened();
+        let client = self.pool.get().await.map_err(|e| {
+            let answering = self.answered.load(Ordering::Relaxed) > waited;
+            pool_error(e, timeouts, answering)
+        })?;
+        let query = self.statements.query(&client, &**client, sql, params);
+        match tokio::time::timeout(timeouts.query, query).await {
+            Ok(rows) => {
+                self.answered
+                    .fetch_max(self.since_opened(), Ordering::Relaxed);
+                rows.map_err(classify)
+            }
+            Err(_) => {
+                drop(deadpool_postgres::Object::take(client));
+                Err(Error::DirectoryTimeout {
+                    what: "a query",
+                    after: timeouts.query,
+                })
+            }
+        }
+    }
+
+    fn since_opened(&self) -> u64 {
+        self.opened.elapsed().as_micros() as u64
     }
 
     /// `sql`'s one row.
@@ -191,14 +267,22 @@ impl Store {
         })
     }
 
-    /// The entity's entry (None if it has none) and the global version it was read at.
-    pub async fn fetch(&self, key: &EntityKey) -> Result<(Option<Entry>, i64)> {
-        let row = self
-            .query_one(
-                FETCH,
-                [(&key.entity_type, Type::TEXT), (&key.entity_id, Type::TEXT)],
-            )
-            .await?;
+    /// The entity's entry (None if it has none), the global version it was read at, and the
+    /// directory's epoch then (when the directory can say).
+    pub async fn fetch(&self, key: &EntityKey) -> Result<(Option<Entry>, i64, Option<String>)> {
+        let row = loop {
+            let read = self.fetch.load(Ordering::Relaxed);
+            let params: [(&(dyn ToSql + Sync), Type); 2] =
+                [(&key.entity_type, Type::TEXT), (&key.entity_id, Type::TEXT)];
+            match self.query_one(FETCH[read], params).await {
+                Err(Error::Directory(e))
+                    if read == 0 && Changes::unavailable_as(&e, "directory_epoch") =>
+                {
+                    self.fetch.store(1, Ordering::Relaxed)
+                }
+                row => break row?,
+            }
+        };
         let directory_version: i64 = row.get(0);
         let entry = row.get::<_, Option<&str>>(1).map(|shard_name| Entry {
             shard_name: Name::new(shard_name),
@@ -209,7 +293,8 @@ impl Store {
             version: row.get(5),
             directory_version,
         });
-        Ok((entry, directory_version))
+        let epoch = (row.len() > 6).then(|| row.get(6));
+        Ok((entry, directory_version, epoch))
     }
 
     /// The registry's `conninfo` of `shard`, if the shard is registered with one.
@@ -242,23 +327,37 @@ impl Store {
         }
     }
 
-    /// The global version, and how long ago it changed.
-    pub async fn current_version(&self) -> Result<(i64, f64)> {
-        let row = self.query_one(CURRENT_VERSION, []).await?;
-        Ok((row.get(0), row.get(1)))
+    /// The global version (and the epoch), nothing said of what changed.
+    pub async fn current_version(&self) -> Result<Changes> {
+        self.read_version(None).await
     }
 
     /// The global version and what changed since `since`.
     pub async fn changes_since(&self, since: i64) -> Result<Changes> {
-        if self.by_entity.load(Ordering::Relaxed) {
-            match self.query_one(CHANGES, [(&since, Type::INT8)]).await {
-                Err(Error::Directory(e)) if Changes::unavailable(&e) => {
-                    self.by_entity.store(false, Ordering::Relaxed)
+        self.read_version(Some(since)).await
+    }
+
+    /// The best of [`VERSION_READS`] the directory answers (from [`SINCE`] on if `since`).
+    async fn read_version(&self, since: Option<i64>) -> Result<Changes> {
+        loop {
+            let known = self.version_read.load(Ordering::Relaxed);
+            let read = known.max(if since.is_some() { SINCE } else { SINCE + 1 });
+            let row = match since {
+                Some(since) if read == SINCE => {
+                    self.query_one(VERSION_READS[read], [(&since, Type::INT8)])
+                        .await
                 }
-                row => return Ok(Changes::from_row(since, &row?)),
+                _ => self.query_one(VERSION_READS[read], []).await,
+            };
+            match row {
+                Err(Error::Directory(e))
+                    if read + 1 < VERSION_READS.len()
+                        && Changes::unavailable_as(&e, needs(read)) =>
+                {
+                    self.version_read.fetch_max(read + 1, Ordering::Relaxed);
+                }
+                row => return Ok(Changes::from_row(since.unwrap_or(0), &row?)),
             }
         }
-        let row = self.query_one(CURRENT_VERSION, []).await?;
-        Ok(Changes::from_row(since, &row))
     }
 }

@@ -7,17 +7,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use crate::cache::{Advanced, Cache};
-use crate::directory::adopt_lower;
+use crate::directory::{adopt_epoch, adopt_lower};
 use crate::metrics::Counters;
 use crate::pool::{self, Connector, Timeouts};
 use crate::statements::Statements;
-use crate::store::{Changes, CHANGES, CURRENT_VERSION};
+use crate::store::{needs, Changes, SINCE, VERSION_READS};
 use tokio_postgres::types::{ToSql, Type};
 
 /// What the watcher knows about its own health.
 #[derive(Default)]
 pub(crate) struct Watch {
     connected: AtomicBool,
+    /// Whether notifications reach the watcher's session (it heard its own probe).
+    listening: AtomicBool,
     last_heard: Mutex<Option<SystemTime>>,
     last_invalidation: Mutex<Option<SystemTime>>,
     /// A fill read a version newer than the known one: the watcher reads what changed.
@@ -27,6 +29,10 @@ pub(crate) struct Watch {
 impl Watch {
     pub fn connected(&self) -> bool {
         self.connected.load(Ordering::SeqCst)
+    }
+
+    pub fn listening(&self) -> bool {
+        self.listening.load(Ordering::SeqCst)
     }
 
     pub fn last_heard(&self) -> Option<SystemTime> {
@@ -48,15 +54,33 @@ impl Watch {
 
     /// The one path by which a newer version reaches the cache, whoever read it (the watcher,
     /// a refresh): retires the entries that changed, or all of them when the directory could not
-    /// say which; counted and timed. Returns whether it was news.
-    pub fn learned(&self, cache: &Cache, counters: &Counters, changes: &Changes) -> bool {
-        match cache.advance(changes.since, changes.version, changes.changed.as_deref()) {
-            Advanced::NoNews => return false,
-            Advanced::Flushed => counters.flushed(),
-            Advanced::ByEntity => {}
+    /// say which; counted, and timed when `late` (a poll or a reconnect brought it, not a
+    /// notification). Returns whether it was news.
+    /// A read in another epoch, or below the version known when it began (`since`: the
+    /// directory went back), flushes the cache instead.
+    pub fn learned(
+        &self,
+        cache: &Cache,
+        counters: &Counters,
+        changes: &Changes,
+        late: bool,
+    ) -> bool {
+        let new_history = changes
+            .epoch
+            .as_deref()
+            .is_some_and(|epoch| adopt_epoch(cache, counters, epoch, changes.version));
+        let went_back = !new_history
+            && changes.version < changes.since
+            && adopt_lower(cache, counters, changes.since, changes.version);
+        if !new_history && !went_back {
+            match cache.advance(changes.since, changes.version, changes.changed.as_deref()) {
+                Advanced::NoNews => return false,
+                Advanced::Flushed => counters.flushed(),
+                Advanced::ByEntity => {}
+            }
         }
         *self.last_invalidation.lock().expect("watch lock") = Some(SystemTime::now());
-        counters.invalidated(changes.version, changes.age);
+        counters.invalidated(changes.version, changes.age.filter(|_| late));
         tracing::debug!(
             version = changes.version,
             changed = changes.changed.as_ref().map(Vec::len),
@@ -82,11 +106,68 @@ pub(crate) struct Watcher {
 /// How the watcher's connection shows up in `pg_stat_activity`.
 pub const APPLICATION_NAME: &str = "shard_directory_watcher";
 
+/// How often the watcher polls when notifications do not reach it.
+const DEAF_POLL: Duration = Duration::from_secs(1);
+
+/// `work`, or [`Ended::Timeout`] naming `what` after `after`.
+async fn within<T, E>(
+    what: &'static str,
+    after: Duration,
+    work: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, Ended>
+where
+    Ended: From<E>,
+{
+    match tokio::time::timeout(after, work).await {
+        Ok(done) => Ok(done?),
+        Err(_) => Err(Ended::Timeout(what, after)),
+    }
+}
+
 impl Watcher {
-    /// Applies what a read of the directory brought.
-    fn apply(&self, changes: &Changes) {
+    /// Applies what a read of the directory brought (`late`: see [`Watch::learned`]).
+    fn apply(&self, changes: &Changes, late: bool) {
         self.watch.heard();
-        self.watch.learned(&self.cache, &self.counters, changes);
+        self.watch
+            .learned(&self.cache, &self.counters, changes, late);
+    }
+
+    /// LISTENs, and says whether notifications reach this session: behind a transaction-mode
+    /// pooler, LISTEN runs on a server connection the pooler then lends to others, and the
+    /// watcher would hear nothing while it looks connected. The proof: a notification on a
+    /// channel of its own, sent from another connection, heard within the query timeout.
+    async fn listens(
+        &self,
+        client: &tokio_postgres::Client,
+        notifications: &mut pool::Messages,
+        config: tokio_postgres::Config,
+    ) -> Result<bool, Ended> {
+        let (connect, query) = (self.timeouts.connect, self.timeouts.query);
+        // Hex digits only: a valid identifier as it is.
+        let probe = format!("shard_directory_probe_{:016x}", fastrand::u64(..));
+        let listen = format!("LISTEN shard_directory; LISTEN {probe}");
+        within("LISTEN", query, client.batch_execute(&listen)).await?;
+        let (sender, _, _driver) = within(
+            "the probe's connection",
+            connect,
+            pool::connect(config, connect, &self.tls),
+        )
+        .await?;
+        let notify = format!("NOTIFY {probe}");
+        within("the probe", query, sender.batch_execute(&notify)).await?;
+        let heard = async {
+            // Notifications of the directory's heard meanwhile: the first read covers them.
+            while let Some(message) = notifications.recv().await {
+                if message?.channel() == probe {
+                    return Ok(true);
+                }
+            }
+            Ok::<_, tokio_postgres::Error>(false)
+        };
+        match tokio::time::timeout(query, heard).await {
+            Ok(heard) => Ok(heard?),
+            Err(_) => Ok(false),
+        }
     }
 
     pub async fn run(self) {
@@ -107,27 +188,39 @@ impl Watcher {
     async fn session(&self, failures: &mut u32) -> Ended {
         let mut config = self.config.clone();
         config.application_name(APPLICATION_NAME);
+        // tokio-postgres bounds the TCP connect only: a proxy that accepts and never answers
+        // would hold the startup, and the watcher, forever.
+        let connect = pool::connect(config.clone(), self.timeouts.connect, &self.tls);
         let (client, mut notifications, _driver) =
-            match pool::connect(config, self.timeouts.connect, &self.tls).await {
+            match within("the connection", self.timeouts.connect, connect).await {
                 Ok(c) => c,
-                Err(e) => return Ended::Db(e),
+                Err(e) => return e,
             };
-        let mut session = async || -> Result<std::convert::Infallible, Ended> {
-            if self.listen {
-                client.batch_execute("LISTEN shard_directory").await?;
-            }
-            // An extension older than changes_since(), or a role not granted it: the version
-            // alone, and a flush on every change.
-            let mut by_entity = true;
+        let session = async || -> Result<std::convert::Infallible, Ended> {
+            let listening =
+                self.listen && self.listens(&client, &mut notifications, config).await?;
+            self.watch.listening.store(listening, Ordering::SeqCst);
+            let poll_interval = if self.listen && !listening {
+                tracing::warn!(poll = ?DEAF_POLL.min(self.poll_interval), "notifications do not \
+                    reach the shard directory watcher (is the directory address a \
+                    transaction-mode pooler? point listen_config at PostgreSQL itself): polling");
+                DEAF_POLL.min(self.poll_interval)
+            } else {
+                self.poll_interval
+            };
+            // The best of the version reads the directory answers: without changes_since()
+            // (an older extension, a role not granted it), the version alone and a flush on
+            // every change; without directory_epoch(), no epoch.
+            let mut read = SINCE;
             let mut poll: Option<tokio_postgres::Statement> = None;
             let mut query_changes = async |since: i64| -> Result<Changes, tokio_postgres::Error> {
                 loop {
-                    let (sql, types): (&str, &[Type]) = if by_entity {
-                        (CHANGES, &[Type::INT8])
+                    let sql = VERSION_READS[read];
+                    let (params, types): (&[&(dyn ToSql + Sync)], &[Type]) = if read == SINCE {
+                        (&[&since], &[Type::INT8])
                     } else {
-                        (CURRENT_VERSION, &[])
+                        (&[], &[])
                     };
-                    let params: &[&(dyn ToSql + Sync)] = if by_entity { &[&since] } else { &[] };
                     let row = match self.statements {
                         Statements::Prepared => match &poll {
                             Some(statement) => client.query_one(statement, params).await,
@@ -148,8 +241,11 @@ impl Watcher {
                         }
                     };
                     return match row {
-                        Err(e) if by_entity && Changes::unavailable(&e) => {
-                            by_entity = false;
+                        Err(e)
+                            if read + 1 < VERSION_READS.len()
+                                && Changes::unavailable_as(&e, needs(read)) =>
+                        {
+                            read += 1;
                             poll = None;
                             continue;
                         }
@@ -157,29 +253,19 @@ impl Watcher {
                     };
                 }
             };
-            // Below the known version once is a race with a fill that read later; twice in a row,
-            // the directory went back. A directory that does not answer within the query timeout
-            // ends the session: the watcher reconnects (and lookups meanwhile go to the store).
+            // A directory that does not answer within the query timeout ends the session: the
+            // watcher reconnects (and lookups meanwhile go to the store).
             let after = self.timeouts.query;
             let mut read_once = async |since: i64| -> Result<Changes, Ended> {
-                tokio::time::timeout(after, query_changes(since))
-                    .await
-                    .map_err(|_| Ended::Timeout(after))?
-                    .map_err(Ended::Db)
+                within("the version poll", after, query_changes(since)).await
             };
-            let mut read = async || -> Result<(), Ended> {
-                let known = self.cache.version();
-                let mut changes = read_once(known).await?;
-                if changes.version < known {
-                    changes = read_once(known).await?;
-                    if changes.version < known {
-                        adopt_lower(&self.cache, &self.counters, known, changes.version);
-                    }
-                }
-                self.apply(&changes);
+            // `late`: a poll or a reconnect, not a notification, asked for this read.
+            let mut read = async |late: bool| -> Result<(), Ended> {
+                let changes = read_once(self.cache.version()).await?;
+                self.apply(&changes, late);
                 Ok(())
             };
-            read().await?;
+            read(true).await?;
             self.watch.connected.store(true, Ordering::SeqCst);
             self.counters.watcher_connected(true);
             tracing::info!(
@@ -187,7 +273,7 @@ impl Watcher {
                 "shard directory watcher connected"
             );
             *failures = 0;
-            let mut ticker = tokio::time::interval(self.poll_interval);
+            let mut ticker = tokio::time::interval(poll_interval);
             ticker.tick().await;
             loop {
                 tokio::select! {
@@ -202,7 +288,7 @@ impl Watcher {
                                 news |= more?.payload().parse::<i64>().map_or(true, |v| v > known);
                             }
                             if news {
-                                read().await?;
+                                read(false).await?;
                             }
                         }
                         Some(Err(e)) => return Err(Ended::Db(e)),
@@ -210,8 +296,8 @@ impl Watcher {
                         // returns the "connection closed" error that ends this session.
                         None => { client.simple_query("").await?; }
                     },
-                    _ = ticker.tick() => read().await?,
-                    _ = self.watch.nudge.notified() => read().await?,
+                    _ = ticker.tick() => read(true).await?,
+                    _ = self.watch.nudge.notified() => read(false).await?,
                 }
             }
         };
@@ -227,8 +313,8 @@ impl Watcher {
 enum Ended {
     #[error(transparent)]
     Db(#[from] tokio_postgres::Error),
-    #[error("the directory did not answer the version poll within {0:?}")]
-    Timeout(Duration),
+    #[error("the directory did not answer {0} within {1:?}")]
+    Timeout(&'static str, Duration),
 }
 
 /// Aborts a spawned task when dropped.

@@ -2,6 +2,7 @@
 //! state machine.
 
 mod changes;
+mod epoch;
 mod heap;
 mod history;
 pub(crate) mod latest;

@@ -99,15 +99,23 @@ fn step(
     version.unwrap_or_else(|| SdError::UnknownEntity { entity: key, step }.raise())
 }
 
-/// The directory's version; anyone may read it (clients poll it), whatever their grants.
+/// The directory's version; anyone may read it (clients poll it), whatever their grants. A read
+/// (not `Spi::get_one`, which takes a transaction id): it also answers on a hot standby, and
+/// writes no WAL.
 #[pg_extern(volatile)]
 fn current_version() -> i64 {
     let version = privilege::as_owner_of(catalog::relation(c"shard_directory_version"), || {
         spi(
             "read shard_directory_version",
-            Spi::get_one::<i64>(
-                "SELECT version FROM shard_directory.shard_directory_version WHERE id",
-            ),
+            Spi::connect(|c| {
+                c.select(
+                    "SELECT version FROM shard_directory.shard_directory_version WHERE id",
+                    Some(1),
+                    &[],
+                )?
+                .first()
+                .get_one::<i64>()
+            }),
         )
     });
     version.unwrap_or_else(|| {

@@ -13,7 +13,7 @@ use super::state::{self, Fence};
 use super::stats::{self, Counter};
 use crate::catalog;
 use crate::entity::EntityRef;
-use crate::error::SdError;
+use crate::error::{required, SdError};
 use crate::guc::Request;
 use crate::TriggerResult;
 
@@ -37,8 +37,16 @@ fn check_shard(version: Option<i64>) {
     }
 }
 
+/// What a checked transaction does: a write is refused while its entity is frozen; a read is
+/// not, since the source holds every row of the entity until the cutover.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Write,
+    Read,
+}
+
 /// One entity's fence. The caller holds the check's lock ([`lock`]).
-fn check_entity(key: EntityRef<'_>, version: Option<i64>) {
+fn check_entity(key: EntityRef<'_>, version: Option<i64>, access: Access) {
     match state::fence(key) {
         Some(Fence::Owned { min_version }) if version.is_none_or(|v| v < min_version) => {
             refuse(SdError::StaleEntity {
@@ -48,6 +56,7 @@ fn check_entity(key: EntityRef<'_>, version: Option<i64>) {
             })
         }
         None | Some(Fence::Owned { .. }) => {}
+        Some(Fence::Frozen { .. }) if access == Access::Read => {}
         Some(Fence::Frozen { .. }) => refuse(SdError::EntityFrozen {
             entity: key.to_key(),
         }),
@@ -75,14 +84,14 @@ fn request() -> Request {
 /// The client's declared version (and entity, if it declared one), checked. Counted once the
 /// check's lock is held, so that a backend holding it exclusively (a fence change, or a test
 /// reading the counts) sees no check of another backend counted meanwhile.
-fn check_request() {
+fn check_request(access: Access) {
     lock();
     stats::count(Counter::Checks);
     let request = request();
     check_shard(request.version);
     if let Some(key) = request.entity {
         state::require_canonical_declared(key);
-        check_entity(key, request.version);
+        check_entity(key, request.version, access);
     }
 }
 
@@ -92,7 +101,16 @@ fn check_request() {
 /// PARALLEL UNSAFE: it reads the latest committed fences, which a parallel operation cannot.
 #[pg_extern(volatile, parallel_unsafe)]
 fn assert_directory_version() {
-    check_request();
+    check_request(Access::Write);
+}
+
+/// The check for a transaction that only reads (`reading`): as `assert_directory_version()`, but
+/// an entity frozen for its cutover is let through, since its source still holds every row.
+/// `reading = false` is the write check.
+#[pg_extern(volatile, parallel_unsafe, name = "assert_directory_version")]
+fn assert_directory_version_for(reading: Option<bool>) {
+    let reading = required(reading, "reading");
+    check_request(if reading { Access::Read } else { Access::Write });
 }
 
 /// The trigger's name, after checking it is `expected`: the functions are not PUBLIC, and a role
@@ -139,7 +157,7 @@ pub fn shard_directory_protect_statement<'a>(trigger: &'a PgTrigger<'a>) -> Trig
         STATEMENT_TRIGGER,
         "shard_directory_protect_statement",
     );
-    check_request();
+    check_request(Access::Write);
     let data = trigger.trigger_data();
     if data.tg_event & pg_sys::TRIGGER_EVENT_OPMASK == pg_sys::TRIGGER_EVENT_TRUNCATE {
         if let Some((_, entity_type)) = row_protection(data.tg_relation) {
@@ -233,7 +251,7 @@ pub fn shard_directory_protect_row<'a>(trigger: &'a PgTrigger<'a>) -> TriggerRes
             entity_id,
         };
         if !bypass::passes(key) {
-            check_entity(key, request.version);
+            check_entity(key, request.version, Access::Write);
         }
     }
     Ok(None)

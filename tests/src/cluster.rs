@@ -118,33 +118,69 @@ fn pg_ctl_start(root: &Path, port: u16) -> bool {
     pg_ctl.output().expect("run pg_ctl start").status.success()
 }
 
+/// A fresh directory for a cluster named `name`, owned by the server's user.
+fn cluster_root(name: &str) -> PathBuf {
+    static SEQ: AtomicU32 = AtomicU32::new(0);
+    let root = PathBuf::from(format!(
+        "/tmp/sd-{name}-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = fs::remove_dir_all(&root);
+    fs::create_dir_all(&root).expect("create cluster directory");
+    if is_root() {
+        run(
+            {
+                let mut c = Command::new("chown");
+                c.arg("postgres:").arg(&root);
+                c
+            },
+            "chown cluster directory",
+        );
+    }
+    root
+}
+
+/// Appends `conf` to `root`'s postgresql.conf (later lines win); appending keeps the file owned
+/// by the server's user, and root may write it.
+fn append_conf(root: &Path, conf: &str) {
+    let mut file = fs::OpenOptions::new()
+        .append(true)
+        .open(root.join("data/postgresql.conf"))
+        .expect("open postgresql.conf");
+    std::io::Write::write_all(&mut file, conf.as_bytes()).expect("write postgresql.conf");
+}
+
+/// Starts the cluster in `root` on a free port. Another process may grab the port between bind
+/// and start: a few are tried.
+fn start_on_a_free_port(name: &str, root: PathBuf) -> Cluster {
+    for attempt in 0..5 {
+        let port = free_port();
+        if pg_ctl_start(&root, port) {
+            return Cluster {
+                name: name.to_owned(),
+                root,
+                port,
+            };
+        }
+        eprintln!(
+            "cluster {name}: start on port {port} failed (attempt {attempt}): {}",
+            fs::read_to_string(root.join("server.log")).unwrap_or_default()
+        );
+    }
+    panic!("cluster {name}: could not start PostgreSQL");
+}
+
 impl Cluster {
     /// initdb + start. `settings` go into postgresql.conf (e.g. `shared_preload_libraries`).
     pub fn start(name: &str, settings: &[(&str, &str)]) -> Cluster {
-        static SEQ: AtomicU32 = AtomicU32::new(0);
         let control = pg_config_dir("--sharedir").join("extension/shard_directory.control");
         assert!(
             control.exists(),
             "{} is missing: install the extension first (bash scripts/install-extension.sh)",
             control.display()
         );
-        let root = PathBuf::from(format!(
-            "/tmp/sd-{name}-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&root);
-        fs::create_dir_all(&root).expect("create cluster directory");
-        if is_root() {
-            run(
-                {
-                    let mut c = Command::new("chown");
-                    c.arg("postgres:").arg(&root);
-                    c
-                },
-                "chown cluster directory",
-            );
-        }
+        let root = cluster_root(name);
         let data = root.join("data");
         let mut initdb = server_command("initdb");
         initdb
@@ -171,28 +207,41 @@ impl Cluster {
         for (k, v) in settings {
             conf.push_str(&format!("{k} = '{v}'\n"));
         }
-        // Appending keeps the file owned by the server's user; root may write it.
-        let mut file = fs::OpenOptions::new()
-            .append(true)
-            .open(data.join("postgresql.conf"))
-            .expect("open postgresql.conf");
-        std::io::Write::write_all(&mut file, conf.as_bytes()).expect("write postgresql.conf");
-        // Another process may grab the port between bind and start: try a few.
-        for attempt in 0..5 {
-            let port = free_port();
-            if pg_ctl_start(&root, port) {
-                return Cluster {
-                    name: name.to_owned(),
-                    root,
-                    port,
-                };
-            }
-            eprintln!(
-                "cluster {name}: start on port {port} failed (attempt {attempt}): {}",
-                fs::read_to_string(root.join("server.log")).unwrap_or_default()
-            );
-        }
-        panic!("cluster {name}: could not start PostgreSQL");
+        append_conf(&root, &conf);
+        start_on_a_free_port(name, root)
+    }
+
+    /// A streaming standby of this cluster (`pg_basebackup -R`), started, on a port of its own.
+    pub fn standby(&self, name: &str) -> Cluster {
+        let root = cluster_root(name);
+        let mut backup = server_command("pg_basebackup");
+        backup
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+            ])
+            .args(["-X", "stream", "-R", "--no-sync", "-c", "fast", "-D"])
+            .arg(root.join("data"));
+        run(backup, "pg_basebackup");
+        append_conf(
+            &root,
+            &format!("unix_socket_directories = '{}'\n", root.display()),
+        );
+        start_on_a_free_port(name, root)
+    }
+
+    /// Ends a standby's recovery: from now on it is a primary, on a timeline of its own.
+    pub fn promote(&self) {
+        let mut pg_ctl = server_command("pg_ctl");
+        pg_ctl
+            .args(["-w", "-D"])
+            .arg(self.root.join("data"))
+            .arg("promote");
+        run(pg_ctl, "pg_ctl promote");
     }
 
     /// Stops the server (fast shutdown: sessions are disconnected), keeping its data.

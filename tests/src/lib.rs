@@ -8,6 +8,7 @@ pub mod mover_cli;
 pub mod observe;
 pub mod pgbench;
 pub mod pgbouncer;
+pub mod proxy;
 pub mod redis;
 pub mod topology;
 mod wait;

@@ -162,6 +162,28 @@ impl Topology {
         self.add_entity("tenant", id, shard).await
     }
 
+    /// Adds tenants `1` to `n` on `shard` in one statement; returns the new directory version.
+    pub async fn add_tenants(&self, n: usize, shard: &str) -> i64 {
+        self.dba()
+            .await
+            .execute(
+                "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) \
+                 SELECT 'tenant', i::text, $2 FROM generate_series(1, $1::int) i",
+                &[&(n as i32), &shard],
+            )
+            .await
+            .expect("add tenants");
+        self.step("SELECT shard_directory.current_version()").await
+    }
+
+    /// Purges the directory's whole history (as a DBA's `purge_history(now)`): a client that
+    /// had not read what changed then can no longer be told which entries did. Returns the rows
+    /// purged.
+    pub async fn purge_history(&self) -> i64 {
+        self.step("SELECT shard_directory.purge_history(clock_timestamp())")
+            .await
+    }
+
     /// Adds an entity of `entity_type` on `shard`; returns the new directory version.
     pub async fn add_entity(&self, entity_type: &str, id: &str, shard: &str) -> i64 {
         let dba = self.dba().await;
@@ -426,6 +448,14 @@ pub fn readme_grants(which: &str) -> String {
     let start = after.find("```sql\n").expect("an SQL block follows") + "```sql\n".len();
     let end = after[start..].find("```").expect("the block ends");
     after[start..start + end].to_owned()
+}
+
+/// A client told nothing after it connects: no LISTEN, an hourly poll (as behind a pooler
+/// before its poll comes round). Only a shard's refusal, a fill or a refresh bring it news.
+pub fn told_nothing() -> DirectoryConfig {
+    DirectoryConfig::default()
+        .listen(false)
+        .poll_interval(Duration::from_secs(3600))
 }
 
 /// Waits (with a deadline) until the client knows directory version `version` or a later one.

@@ -145,7 +145,7 @@ impl Writes for Invoices {
                         .get::<_, i64>(0))
                 })
                 .await
-                .map(|reads| reads.merge(|a, b| a + b))
+                .map(|reads| reads.merge(|source, _| source))
         })
     }
 
@@ -207,7 +207,7 @@ impl Writes for Readings {
                         .get::<_, i64>(0))
                 })
                 .await
-                .map(|reads| reads.merge(|a, b| a + b))
+                .map(|reads| reads.merge(|source, _| source))
         })
     }
 

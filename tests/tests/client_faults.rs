@@ -711,7 +711,7 @@ async fn a_refresh_that_fails_during_a_retry_goes_through_the_outage_policy() {
         matches!(
             err,
             Error::Rejected {
-                rejection: Rejection::Stale,
+                rejection: Rejection::Stale { .. },
                 ..
             }
         ),

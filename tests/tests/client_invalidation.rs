@@ -11,15 +11,7 @@ const TENANTS: i64 = 200;
 
 /// `TENANTS` tenants on shard_1, one statement.
 async fn tenants(t: &Topology) -> i64 {
-    t.dba()
-        .await
-        .batch_execute(&format!(
-            "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) \
-             SELECT 'tenant', i::text, 'shard_1' FROM generate_series(1, {TENANTS}) i"
-        ))
-        .await
-        .unwrap();
-    t.step("SELECT shard_directory.current_version()").await
+    t.add_tenants(TENANTS as usize, "shard_1").await
 }
 
 /// Looks every tenant up; returns how many lookups went to the directory.
@@ -108,15 +100,7 @@ async fn a_gap_history_no_longer_covers_flushes_the_whole_cache() {
     // Two changes the client does not hear of, then their history is purged.
     t.add_tenant("a", "shard_1").await;
     t.add_tenant("b", "shard_1").await;
-    let dba = t.dba().await;
-    let purged: i64 = dba
-        .query_one(
-            "SELECT shard_directory.purge_history(clock_timestamp())",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let purged = t.purge_history().await;
     assert!(purged >= TENANTS + 2, "purged {purged} history rows");
     let last = t.add_tenant("c", "shard_1").await;
 
