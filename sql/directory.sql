@@ -77,9 +77,10 @@ CREATE INDEX shard_directory_history_version_idx ON shard_directory_history (ver
 -- entry inserted, updated or deleted since, with the latest version that changed it. A router
 -- keeps every other cached entry: one read after `since` with no change in history up to
 -- `version` is still the entry at `version` (versions commit in order, and each change writes
--- its history row in its own transaction). complete is false when history may no longer cover
--- `since` (purge_history removes the oldest versions first) or more than max_changes rows
--- changed: the caller then forgets everything it cached.
+-- its history row in its own transaction). complete is false when history does not hold every
+-- version after `since` (purge_history removes the oldest versions first; a version bumped by a
+-- direct write to the version row has no history row) or more than max_changes rows changed:
+-- the caller then forgets everything it cached.
 CREATE FUNCTION changes_since(
     since bigint, max_changes integer DEFAULT 10000,
     OUT version bigint, OUT age float8, OUT complete boolean,

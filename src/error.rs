@@ -85,6 +85,14 @@ pub enum SdError {
     SingletonMissing {
         table: &'static str,
     },
+    /// A column of the extension's tables altered by hand to a type its raw reads and writes
+    /// do not expect.
+    ColumnType {
+        table: String,
+        column: String,
+        expected: &'static str,
+        found: String,
+    },
     /// A trigger function of the extension was attached to a table that is not its own.
     TriggerMisused {
         function: &'static str,
@@ -300,7 +308,7 @@ impl SdError {
             | Self::Spi {
                 datatype: false, ..
             } => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            Self::Spi { datatype: true, .. } => ERRCODE_DATATYPE_MISMATCH,
+            Self::Spi { datatype: true, .. } | Self::ColumnType { .. } => ERRCODE_DATATYPE_MISMATCH,
             Self::TriggerMisused { .. } => ERRCODE_TRIGGERED_ACTION_EXCEPTION,
             Self::FenceWaitTimeout { .. } => ERRCODE_LOCK_NOT_AVAILABLE,
             Self::TruncateFenced { .. } => ERRCODE_T_R_SERIALIZATION_FAILURE,
@@ -452,6 +460,9 @@ impl SdError {
             Self::TriggerMisused { function, .. } => Some(format!(
                 "{function} serves the extension's own tables only: drop this trigger. To check an application table, use shard_directory.protect(table)."
             )),
+            Self::ColumnType { table, column, expected, .. } => Some(format!(
+                "Give it back its type: ALTER TABLE {table} ALTER COLUMN {column} TYPE {expected}."
+            )),
             Self::Spi { .. } => Some(
                 "The extension's tables may have been altered by hand: compare them with a fresh CREATE EXTENSION.".into(),
             ),
@@ -593,6 +604,10 @@ impl fmt::Display for SdError {
             Self::SingletonMissing { table } => {
                 write!(f, "shard_directory.{table} has lost its row")
             }
+            Self::ColumnType { table, column, expected, found } => write!(
+                f,
+                "column {column} of {table} is {found}, but the extension reads and writes it as {expected}"
+            ),
             Self::TriggerMisused { function, table } => write!(
                 f,
                 "trigger function shard_directory.{function}() refuses to run on {table}"

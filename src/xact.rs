@@ -1,5 +1,6 @@
-//! One transaction-end callback for the backend-local state that must not outlive its
-//! transaction: the directory's statement frames and the mover's fence bypass.
+//! Transaction-end callbacks for the backend-local state that must not outlive what it belongs
+//! to: the directory's statement frames (a transaction's, and a subtransaction's when it is
+//! rolled back) and the mover's fence bypass.
 
 use pgrx::prelude::*;
 
@@ -18,6 +19,24 @@ unsafe extern "C-unwind" fn on_xact_end(
     }
 }
 
+/// `ROLLBACK TO SAVEPOINT`, and a PL/pgSQL `EXCEPTION` block catching an error: what the
+/// subtransaction opened is gone with it (its bump, its lock, its queued notification), so its
+/// frames go too; the next statement at that level opens its own.
+#[pg_guard]
+unsafe extern "C-unwind" fn on_subxact_end(
+    event: pg_sys::SubXactEvent::Type,
+    _sub: pg_sys::SubTransactionId,
+    _parent: pg_sys::SubTransactionId,
+    _arg: *mut std::ffi::c_void,
+) {
+    if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
+        crate::directory::statement::abort_subtransaction();
+    }
+}
+
 pub fn init() {
-    unsafe { pg_sys::RegisterXactCallback(Some(on_xact_end), std::ptr::null_mut()) };
+    unsafe {
+        pg_sys::RegisterXactCallback(Some(on_xact_end), std::ptr::null_mut());
+        pg_sys::RegisterSubXactCallback(Some(on_subxact_end), std::ptr::null_mut());
+    }
 }

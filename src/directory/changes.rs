@@ -35,10 +35,15 @@ pub unsafe extern "C-unwind" fn changes_since_native(
 }
 
 /// The entries changed in `(since, version]` and the latest version that changed each; `None`
-/// when more than `max_changes` history rows are in that range, or a row cannot be read (its
-/// NOT NULL columns are never NULL: the caller then forgets everything rather than skip a key).
+/// when history does not hold every version of that range (purged, or a version bumped without
+/// a change: a direct write to the version row), when more than `max_changes` history rows are
+/// in it, or when a row cannot be read (its NOT NULL columns are never NULL): the caller then
+/// forgets everything rather than miss a key. Every version is one statement's, with at least
+/// one history row, and the scan runs in version order: the range is covered when each row's
+/// version is its predecessor's or the next one, from `since + 1` to `version`.
 fn changed(since: i64, version: i64, max_changes: i32) -> Option<HashMap<(String, String), i64>> {
     let mut rows = 0;
+    let mut covered = since;
     let mut changed = Some(HashMap::new());
     heap::scan_bigint_range(
         catalog::relation(c"shard_directory_history"),
@@ -53,34 +58,19 @@ fn changed(since: i64, version: i64, max_changes: i32) -> Option<HashMap<(String
                 changed.as_mut(),
                 text(c"entity_type"),
                 text(c"entity_id"),
-                at,
+                at.filter(|at| *at == covered || *at == covered + 1),
                 rows <= i64::from(max_changes),
             ) else {
                 changed = None;
                 return false;
             };
+            covered = at;
             let latest = map.entry((entity_type, entity_id)).or_insert(at);
             *latest = (*latest).max(at);
             true
         },
     );
-    changed
-}
-
-/// The oldest version history still holds (`purge_history` removes the oldest first).
-fn oldest() -> Option<i64> {
-    let mut oldest = None;
-    heap::scan_bigint_range(
-        catalog::relation(c"shard_directory_history"),
-        catalog::relation(c"shard_directory_history_version_idx"),
-        c"version",
-        None,
-        |get| {
-            oldest = unsafe { get(c"version").and_then(|d| i64::from_datum(d, false)) };
-            false
-        },
-    );
-    oldest
+    changed.filter(|_| covered == version)
 }
 
 unsafe fn changes_since(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
@@ -107,8 +97,8 @@ unsafe fn changes_since(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
         (true, None)
     } else {
         match changed(since, version, max_changes) {
-            Some(changed) if oldest().is_some_and(|o| o <= since + 1) => (true, Some(changed)),
-            _ => (false, None),
+            Some(changed) => (true, Some(changed)),
+            None => (false, None),
         }
     };
     let mut keys = (Vec::new(), Vec::new(), Vec::new());

@@ -15,6 +15,7 @@ use std::ffi::CStr;
 
 use pgrx::prelude::*;
 
+use super::columns;
 use crate::catalog;
 use crate::error::SdError;
 
@@ -57,12 +58,17 @@ impl Table {
         }
     }
 
-    /// The position (from 1) of column `name`; an error naming it when the table has none.
+    /// The position (from 1) of column `name`; an error naming it when the table has none, or
+    /// when it is not of the type it is read and written as.
     fn attnum(&self, name: &CStr) -> i32 {
         let attnum = unsafe { pg_sys::SPI_fnumber((*self.0).rd_att, name.as_ptr()) };
         if attnum <= 0 {
             self.broken(format!("no column {name:?}"));
         }
+        columns::check(
+            unsafe { (*self.0).rd_att },
+            &self.attributes()[attnum as usize - 1],
+        );
         attnum
     }
 
@@ -89,6 +95,9 @@ impl Table {
                 None if attr.attidentity != 0 => Some(self.next_identity(i)),
                 None => None,
             };
+            if value.is_some() {
+                columns::check(unsafe { (*self.0).rd_att }, attr);
+            }
             if value.is_none() && attr.attnotnull && !attr.attisdropped {
                 self.broken(format!("no value for its NOT NULL column {name:?}"));
             }

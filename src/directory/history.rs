@@ -97,8 +97,12 @@ fn placement_at(
     )
 }
 
-/// Removes history older than `before`. Not executable by PUBLIC: the extension's owner grants
-/// EXECUTE to the DBA who may purge; it runs with the owner's rights.
+/// Removes history older than `before`, oldest version first: the versions removed are those
+/// below the first one taken at or after `before`, so what stays is every version from there on
+/// (`changes_since` answers `complete` only over versions history holds). `version_at` follows
+/// version order, except in rows carried over from 0.1.0, where it is the transaction's start.
+/// Not executable by PUBLIC: the extension's owner grants EXECUTE to the DBA who may purge; it
+/// runs with the owner's rights.
 #[pg_extern(volatile)]
 fn purge_history(before: Option<TimestampWithTimeZone>) -> i64 {
     let before = required(before, "before");
@@ -108,7 +112,10 @@ fn purge_history(before: Option<TimestampWithTimeZone>) -> i64 {
                 "purge history",
                 Spi::connect_mut(|c| {
                     c.update(
-                        "DELETE FROM shard_directory.shard_directory_history WHERE version_at < $1",
+                        "DELETE FROM shard_directory.shard_directory_history WHERE version < \
+                           coalesce((SELECT min(version) FROM shard_directory.shard_directory_history \
+                                      WHERE version_at >= $1), \
+                                    (SELECT max(version) + 1 FROM shard_directory.shard_directory_history))",
                         None,
                         &[before.into()],
                     )

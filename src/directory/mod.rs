@@ -2,6 +2,7 @@
 //! state machine.
 
 mod changes;
+mod columns;
 mod epoch;
 mod heap;
 mod history;

@@ -5,6 +5,7 @@ use std::ffi::CStr;
 use pgrx::prelude::*;
 use pgrx::varlena;
 
+use super::columns;
 use super::transition::{EntityKey, Placement, State};
 use crate::catalog;
 use crate::error::{required, spi, SdError};
@@ -17,7 +18,7 @@ pub struct Entry {
 
 /// Where each of `names` is in the columns `desc` describes (from 1), found in one pass: reading
 /// by name would scan the columns once per value, and every directory change reads two rows
-/// twice. A column missing is an error naming it.
+/// twice. A column missing, or of another type, is an error naming it.
 pub fn positions<const N: usize>(desc: pg_sys::TupleDesc, names: [&'static CStr; N]) -> [usize; N] {
     // SAFETY: a valid descriptor (the trigger's relation's), `natts` attributes long.
     let attrs = unsafe { (*desc).attrs.as_slice((*desc).natts as usize) };
@@ -28,6 +29,7 @@ pub fn positions<const N: usize>(desc: pg_sys::TupleDesc, names: [&'static CStr;
         }
         let name = unsafe { CStr::from_ptr(attr.attname.data.as_ptr()) };
         if let Some(n) = names.iter().position(|n| *n == name) {
+            columns::check(desc, attr);
             found[n] = Some(i + 1);
         }
     }

@@ -31,8 +31,8 @@ pub struct Bump {
 }
 
 struct Frame {
-    /// Transaction nesting level at which the statement began: a frame above the current level
-    /// belongs to a statement whose subtransaction was rolled back.
+    /// Transaction nesting level at which the statement began: the frame is dropped when the
+    /// subtransaction of that level is rolled back.
     nest_level: i32,
     /// Statement triggers begun and not yet ended.
     open: u32,
@@ -49,15 +49,9 @@ fn nest_level() -> i32 {
     unsafe { pg_sys::GetCurrentTransactionNestLevel() }
 }
 
-/// The frames still alive at the current nesting level, with the top one handed to `f`.
+/// The frame of the statement running now, handed to `f`.
 fn with_top<R>(f: impl FnOnce(Option<&mut Frame>) -> R) -> R {
-    FRAMES.with_borrow_mut(|frames| {
-        let level = nest_level();
-        while frames.last().is_some_and(|f| f.nest_level > level) {
-            frames.pop();
-        }
-        f(frames.last_mut())
-    })
+    FRAMES.with_borrow_mut(|frames| f(frames.last_mut()))
 }
 
 /// The row and statement triggers a statement of the directory needs, by name: a change its
@@ -288,6 +282,13 @@ pub fn notify(version: i64) {
             Async_Notify(c"shard_directory".as_ptr(), payload.as_ptr())
         })
     }
+}
+
+/// Called by `crate::xact` while a subtransaction is rolled back: the frames it opened (at its
+/// level, or deeper) end with it, bump and all.
+pub fn abort_subtransaction() {
+    let level = nest_level();
+    FRAMES.with_borrow_mut(|frames| frames.retain(|f| f.nest_level < level));
 }
 
 /// Called by `crate::xact` when the transaction ends: no frame outlives its transaction.
