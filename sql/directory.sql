@@ -141,6 +141,9 @@ CREATE UNIQUE INDEX shard_moves_open_idx ON shard_moves (entity_type, entity_id)
 CREATE TRIGGER shard_directory_statement_begin
     BEFORE INSERT OR UPDATE OR DELETE ON shard_directory
     FOR EACH STATEMENT EXECUTE FUNCTION shard_directory_statement_begin();
+-- Fires with session_replication_role = replica too, where the others do not: it refuses the
+-- statement there instead of letting it skip every rule.
+ALTER TABLE shard_directory ENABLE ALWAYS TRIGGER shard_directory_statement_begin;
 
 CREATE TRIGGER shard_directory_guard
     BEFORE INSERT OR UPDATE OR DELETE ON shard_directory

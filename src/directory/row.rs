@@ -5,8 +5,8 @@ use std::ffi::CStr;
 use pgrx::prelude::*;
 use pgrx::varlena;
 
-use super::columns;
 use super::transition::{EntityKey, Placement, State};
+use super::{columns, region};
 use crate::catalog;
 use crate::error::{required, spi, SdError};
 
@@ -106,7 +106,13 @@ impl Entry {
             self.placement.target_shard.as_ref(),
         ];
         for shard in named.into_iter().flatten() {
-            let found = shard_region(shard);
+            // With a region of its own the entry is held to its shards' regions: as they are
+            // committed, and not changed until this transaction ends.
+            let latest = self.region.as_ref().map(|_| {
+                region::hold(shard, false);
+                region::Latest::take()
+            });
+            let found = shard_region(shard, latest.as_ref());
             match found {
                 None => {
                     return Err(SdError::UnknownShard {
@@ -136,8 +142,8 @@ impl Entry {
 /// region). Read straight through the registry's primary key, not through SQL: it is on every
 /// change's path, and with no statement there is no name or operator to resolve, so it needs
 /// neither the owner's rights nor a pinned `search_path`. It sees what the statement sees (its
-/// snapshot).
-fn shard_region(shard: &str) -> Option<Option<String>> {
+/// snapshot), or what is committed now (`latest`).
+fn shard_region(shard: &str, latest: Option<&region::Latest>) -> Option<Option<String>> {
     let relid = catalog::relation(c"shards");
     let key_datum = shard.into_datum().expect("text is never NULL");
     // SAFETY: the relation is opened and closed here under AccessShareLock; the scan key, the
@@ -163,7 +169,7 @@ fn shard_region(shard: &str) -> Option<Option<String>> {
             rel,
             pg_sys::RelationGetPrimaryKeyIndex(rel),
             true,
-            pg_sys::GetActiveSnapshot(),
+            latest.map_or_else(|| pg_sys::GetActiveSnapshot(), region::Latest::get),
             1,
             &mut key,
         );

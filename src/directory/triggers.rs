@@ -9,7 +9,7 @@ use pgrx::prelude::*;
 use super::row::{self, Entry};
 use super::transition::{self, Transition};
 use super::writer::{self, Writer};
-use super::{heap, history, statement};
+use super::{heap, history, region, statement};
 use crate::error::{spi, SdError};
 use crate::{catalog, guc, privilege, TriggerResult};
 
@@ -297,7 +297,7 @@ fn shard_directory_history_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResul
 #[pg_trigger]
 fn shards_region_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     own_table(trigger, "shards_region_guard", c"shards");
-    let region = |t: Option<PgHeapTuple<'a, pgrx::AllocatedByPostgres>>| {
+    let region_of = |t: Option<PgHeapTuple<'a, pgrx::AllocatedByPostgres>>| {
         t.and_then(|t| spi("region", t.get_by_name::<String>("region")))
     };
     let shard = trigger
@@ -305,36 +305,15 @@ fn shards_region_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
         .and_then(|t| spi("shard_name", t.get_by_name::<String>("shard_name")))
         .unwrap_or_default();
     if let Some(new_region) =
-        region(trigger.new()).filter(|r| Some(r) != region(trigger.old()).as_ref())
+        region_of(trigger.new()).filter(|r| Some(r) != region_of(trigger.old()).as_ref())
     {
-        let misplaced = privilege::as_owner_of(catalog::relation(c"shard_directory"), || {
-            spi(
-                "check entries against a shard's region",
-                Spi::connect(|c| {
-                    let t = c.select(
-                        "SELECT entity_type, entity_id, region FROM shard_directory.shard_directory \
-                         WHERE (shard_name = $1 OR target_shard = $1) AND region <> $2 LIMIT 1",
-                        Some(1),
-                        &[shard.as_str().into(), new_region.as_str().into()],
-                    )?;
-                    if t.is_empty() {
-                        return Ok::<_, pgrx::spi::SpiError>(None);
-                    }
-                    let row = t.first();
-                    Ok(Some((
-                        row.get::<String>(1)?.unwrap_or_default(),
-                        row.get::<String>(2)?.unwrap_or_default(),
-                        row.get::<String>(3)?.unwrap_or_default(),
-                    )))
-                }),
-            )
-        });
-        if let Some((entity_type, entity_id, entity_region)) = misplaced {
+        // Entries being written on this shard hold it shared until they commit: waits for them,
+        // then reads them as committed (`region`).
+        region::hold(&shard, true);
+        let misplaced = region::misplaced(&shard, &new_region);
+        if let Some((entity, entity_region)) = misplaced {
             SdError::RegionMismatch {
-                entity: crate::entity::EntityKey {
-                    entity_type,
-                    entity_id,
-                },
+                entity,
                 entity_region,
                 shard,
                 shard_region: new_region,

@@ -328,14 +328,16 @@ async fn listen_through_a_transaction_mode_pooler_is_found_out_and_polled_instea
 /// were down" (5,995 of 6,000 were); a second try answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lookups_waiting_for_a_busy_pool_are_not_taken_for_an_outage() {
-    const TENANTS: usize = 2000;
+    // Long enough for any one lookup's query on a loaded 2-core machine (50 ms was not, once),
+    // far shorter than the queue of all of them behind one connection.
+    const TENANTS: usize = 4000;
     let t = Topology::start("busy-pool").await;
     t.add_tenants(TENANTS, "shard_1").await;
     let d = t
         .client_directory(
             told_nothing()
                 .store_pool_size(1)
-                .query_timeout(Duration::from_millis(50)),
+                .query_timeout(Duration::from_millis(150)),
         )
         .await;
     for i in 1..=TENANTS {

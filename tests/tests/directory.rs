@@ -893,3 +893,93 @@ async fn every_directory_read_works_on_a_hot_standby() {
     .await;
     assert_eq!(reads(&s).await, on_primary);
 }
+
+/// A wait on the region rule's lock on a shard.
+const REGION_LOCK: &str = "locktype = 'object' AND classid = 'shard_directory.shards'::regclass";
+
+/// An entry written while its shard's region changes: each side read the other under its own
+/// snapshot, and an `eu` entry committed on a shard just turned `us`. Now whichever comes
+/// second waits for the first and is refused (23514), in either order, as it is when the two
+/// run one after the other.
+#[tokio::test]
+async fn an_entry_and_its_shards_region_changing_at_once_cannot_both_commit() {
+    let (cluster, dba) = directory().await;
+    let region_change = |shard: &str| {
+        format!("UPDATE shard_directory.shards SET region = 'us' WHERE shard_name = '{shard}'")
+    };
+    let insert = |id: &str, shard: &str| {
+        format!(
+            "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name, region) \
+             VALUES ('tenant', '{id}', '{shard}', 'eu')"
+        )
+    };
+    for region_first in [true, false] {
+        let shard = if region_first { "shard_2" } else { "shard_1" };
+        let first = cluster.connect("directory").await;
+        let second = cluster.connect("directory").await;
+        let second_pid = pid(&second).await;
+        let (first_sql, second_sql) = if region_first {
+            (region_change(shard), insert("eu-1", shard))
+        } else {
+            (insert("eu-2", shard), region_change(shard))
+        };
+        first
+            .batch_execute(&format!("BEGIN; {first_sql}"))
+            .await
+            .unwrap();
+        let racer = tokio::spawn(async move { second.batch_execute(&second_sql).await });
+        blocked_on(
+            &dba,
+            second_pid,
+            REGION_LOCK,
+            "the second side to wait for the first on the region rule's lock",
+        )
+        .await;
+        first.batch_execute("COMMIT").await.unwrap();
+        let refused = tokio::time::timeout(DEADLINE, racer)
+            .await
+            .expect("the second side finishes")
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(
+            refused.code(),
+            Some(&SqlState::CHECK_VIOLATION),
+            "{refused}"
+        );
+    }
+    let misplaced: i64 = dba
+        .query_one(
+            "SELECT count(*) FROM shard_directory.shard_directory d \
+             JOIN shard_directory.shards s USING (shard_name) WHERE d.region <> s.region",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(misplaced, 0);
+}
+
+/// `session_replication_role = replica` (a superuser's setting) keeps the directory's row
+/// triggers from firing: a change went through unchecked, unversioned and unrecorded. It is
+/// refused (55000, naming the trigger that would not run) and changes nothing.
+#[tokio::test]
+async fn a_change_with_replication_role_replica_is_refused() {
+    let (_cluster, c) = directory().await;
+    let before = (version(&c).await, stamps(&c, 0).await);
+    let e = c
+        .batch_execute(&format!(
+            "BEGIN; SET LOCAL session_replication_role = replica; {}",
+            toggle("8842")
+        ))
+        .await
+        .unwrap_err();
+    let db = e.as_db_error().unwrap();
+    assert_eq!(
+        db.code(),
+        &SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "{db}"
+    );
+    assert!(db.message().contains("shard_directory_guard"), "{db}");
+    c.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!((version(&c).await, stamps(&c, 0).await), before);
+}
