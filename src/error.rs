@@ -466,6 +466,12 @@ impl SdError {
             Self::Spi { .. } => Some(
                 "The extension's tables may have been altered by hand: compare them with a fresh CREATE EXTENSION.".into(),
             ),
+            Self::FenceWaitTimeout { blockers, .. } if blockers.contains("prepared transaction") => Some(
+                "A prepared transaction holds the check's lock until it is resolved: COMMIT PREPARED 'gid' \
+                 or ROLLBACK PREPARED 'gid' (as its transaction manager decides), then retry; \
+                 terminate the other blocking backends (pg_terminate_backend(pid))."
+                    .into(),
+            ),
             Self::FenceWaitTimeout { .. } => Some(
                 "Finish or terminate the blocking transactions (pg_terminate_backend(pid)) and retry; \
                  shard_directory.fence_wait_timeout sets how long to wait."

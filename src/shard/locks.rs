@@ -98,18 +98,28 @@ pub fn exclusive(settings: pg_sys::Oid, what: impl FnOnce() -> String) {
     unsafe { pg_sys::AtEOXact_GUC(true, nest) };
 }
 
-/// The backends holding a lock on `settings` that conflicts with EXCLUSIVE, with their state.
+/// The backends holding a lock on `settings` that conflicts with EXCLUSIVE, with their state,
+/// and the prepared transactions holding one (no backend: only COMMIT PREPARED or ROLLBACK
+/// PREPARED of its gid ends it).
 fn holders(settings: pg_sys::Oid) -> String {
     let database = unsafe { pg_sys::MyDatabaseId };
     privilege::as_owner_of(settings, || {
         spi(
             "list the transactions a fence waits for",
             Spi::get_one_with_args::<String>(
-                "SELECT string_agg(format('pid %s (%s)', l.pid, coalesce(a.state, 'unknown')), ', ' ORDER BY l.pid) \
-                 FROM (SELECT DISTINCT pid FROM pg_catalog.pg_locks \
+                "SELECT string_agg(CASE WHEN l.pid IS NULL \
+                          THEN format('prepared transaction %L', coalesce(p.gid, l.virtualtransaction)) \
+                          ELSE format('pid %s (%s)', l.pid, coalesce(a.state, 'unknown')) END, \
+                        ', ' ORDER BY l.pid, p.gid) \
+                 FROM (SELECT DISTINCT pid, virtualtransaction FROM pg_catalog.pg_locks \
                        WHERE locktype = 'relation' AND database = $1 AND relation = $2 AND granted \
-                         AND mode <> 'AccessShareLock' AND pid <> pg_catalog.pg_backend_pid()) l \
-                 LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid",
+                         AND mode <> 'AccessShareLock' \
+                         AND pid IS DISTINCT FROM pg_catalog.pg_backend_pid()) l \
+                 LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid \
+                 LEFT JOIN (SELECT DISTINCT x.virtualtransaction, px.gid \
+                            FROM pg_catalog.pg_locks x JOIN pg_catalog.pg_prepared_xacts px \
+                              ON x.locktype = 'transactionid' AND x.transactionid = px.transaction) p \
+                   ON l.pid IS NULL AND p.virtualtransaction = l.virtualtransaction",
                 &[database.into(), settings.into()],
             ),
         )

@@ -537,3 +537,46 @@ async fn the_extension_refuses_a_database_that_is_not_utf8() {
         .get(0);
     assert_eq!(installed, 0);
 }
+
+/// A checked transaction prepared for two-phase commit keeps the check's lock with no backend:
+/// a fence change that waited for it named no blocker ("none left"). It names the prepared
+/// transaction's gid, and the hint says how to resolve it.
+#[tokio::test]
+async fn a_fence_waiting_for_a_prepared_checked_transaction_names_its_gid() {
+    let cluster = Cluster::start("shard-prepared", &[("max_prepared_transactions", "2")]);
+    let dba = shard(&cluster, "shard_1").await;
+    let client = cluster.connect("shard_1").await;
+    begin(&client, "READ COMMITTED", 41, "7").await;
+    client
+        .batch_execute(
+            "SELECT shard_directory.assert_directory_version();
+             INSERT INTO orders VALUES ('7', 'book'); PREPARE TRANSACTION 'order-7'",
+        )
+        .await
+        .unwrap();
+    dba.batch_execute("SET shard_directory.fence_wait_timeout = 500")
+        .await
+        .unwrap();
+    let err = dba
+        .execute("SELECT shard_directory.fence_frozen('tenant', '8842')", &[])
+        .await
+        .expect_err("the fence must wait for the prepared transaction");
+    let db = err.as_db_error().expect("a database error");
+    assert_eq!(db.code(), &SqlState::LOCK_NOT_AVAILABLE, "{}", db.message());
+    assert!(
+        db.message().contains("prepared transaction 'order-7'"),
+        "{}",
+        db.message()
+    );
+    assert!(
+        db.hint().is_some_and(|h| h.contains("COMMIT PREPARED")),
+        "{:?}",
+        db.hint()
+    );
+    dba.batch_execute("COMMIT PREPARED 'order-7'")
+        .await
+        .unwrap();
+    dba.execute("SELECT shard_directory.fence_frozen('tenant', '8842')", &[])
+        .await
+        .expect("once it is resolved the fence goes through");
+}
