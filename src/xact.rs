@@ -1,6 +1,7 @@
 //! Transaction-end callbacks for the backend-local state that must not outlive what it belongs
 //! to: the directory's statement frames (a transaction's, and a subtransaction's when it is
-//! rolled back) and the mover's fence bypass.
+//! rolled back), the shard check's memory of holding its lock (which a rolled-back
+//! subtransaction may have released) and the mover's fence bypass.
 
 use pgrx::prelude::*;
 
@@ -20,8 +21,9 @@ unsafe extern "C-unwind" fn on_xact_end(
 }
 
 /// `ROLLBACK TO SAVEPOINT`, and a PL/pgSQL `EXCEPTION` block catching an error: what the
-/// subtransaction opened is gone with it (its bump, its lock, its queued notification), so its
-/// frames go too; the next statement at that level opens its own.
+/// subtransaction opened is gone with it (its bump, its locks, its queued notification), so its
+/// frames go too, and the next statement at that level opens its own; the shard check asks for
+/// its lock again.
 #[pg_guard]
 unsafe extern "C-unwind" fn on_subxact_end(
     event: pg_sys::SubXactEvent::Type,
@@ -31,6 +33,7 @@ unsafe extern "C-unwind" fn on_subxact_end(
 ) {
     if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
         crate::directory::statement::abort_subtransaction();
+        crate::shard::locks::forget();
     }
 }
 

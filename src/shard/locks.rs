@@ -32,20 +32,10 @@ fn local_transaction() -> pg_sys::LocalTransactionId {
     unsafe { (*pg_sys::MyProc).lxid }
 }
 
-#[pg_guard]
-unsafe extern "C-unwind" fn on_subxact(
-    event: pg_sys::SubXactEvent::Type,
-    _mine: pg_sys::SubTransactionId,
-    _parent: pg_sys::SubTransactionId,
-    _arg: *mut std::ffi::c_void,
-) {
-    if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
-        HELD_BY.set((pg_sys::InvalidLocalTransactionId, pg_sys::InvalidOid));
-    }
-}
-
-pub fn init() {
-    unsafe { pg_sys::RegisterSubXactCallback(Some(on_subxact), std::ptr::null_mut()) };
+/// Called by `crate::xact` while a subtransaction is rolled back: it released the lock if it
+/// was the one that took it, so the next check asks again.
+pub fn forget() {
+    HELD_BY.set((pg_sys::InvalidLocalTransactionId, pg_sys::InvalidOid));
 }
 
 /// Holds the check's lock until the end of the transaction; a change committed before it was

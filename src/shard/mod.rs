@@ -11,7 +11,7 @@ pub(crate) mod bypass;
 pub(crate) mod check;
 pub(crate) mod fences;
 mod key;
-mod locks;
+pub(crate) mod locks;
 mod protect;
 mod sequences;
 mod state;
@@ -19,6 +19,5 @@ pub mod stats;
 
 pub fn init() {
     state::init();
-    locks::init();
     stats::init();
 }

@@ -52,6 +52,28 @@ async fn listening(cluster: &Cluster) -> Listener {
     listener
 }
 
+/// README's directory roles, with exactly its grants: `directory_writer` edits entries, `dba`
+/// is a writer who also registers shards and changes their regions.
+async fn readme_roles(c: &Client) {
+    c.batch_execute(
+        "CREATE ROLE directory_writer; CREATE ROLE dba;
+         GRANT USAGE ON SCHEMA shard_directory TO directory_writer;
+         GRANT SELECT, INSERT, UPDATE, DELETE ON shard_directory.shard_directory TO directory_writer;
+         GRANT directory_writer TO dba;
+         GRANT SELECT, INSERT, UPDATE ON shard_directory.shards TO dba;
+         GRANT SELECT ON shard_directory.shard_directory_history, shard_directory.shard_moves TO dba",
+    )
+    .await
+    .expect("README's roles");
+}
+
+/// A session of `cluster`'s directory database acting as `role`.
+async fn connect_as(cluster: &Cluster, role: &str) -> Client {
+    let c = cluster.connect("directory").await;
+    c.batch_execute(&format!("SET ROLE {role}")).await.unwrap();
+    c
+}
+
 /// A wait on the lock that orders versions.
 const VERSION_LOCK: &str = "locktype = 'object' AND classid = 'pg_class'::regclass \
      AND objid = 'shard_directory.shard_directory_version'::regclass";
@@ -721,12 +743,14 @@ async fn a_statement_after_a_rolled_back_savepoint_gets_its_own_version_and_noti
 }
 
 async fn after_a_rolled_back_savepoint(settings: &[(&str, &str)]) {
-    let (cluster, first) = directory_with(settings).await;
-    refuse_changes_of_seven(&first).await;
-    let second = cluster.connect("directory").await;
+    let (cluster, dba) = directory_with(settings).await;
+    refuse_changes_of_seven(&dba).await;
+    readme_roles(&dba).await;
+    let first = connect_as(&cluster, "directory_writer").await;
+    let second = connect_as(&cluster, "directory_writer").await;
     let second_pid = pid(&second).await;
     let mut listener = listening(&cluster).await;
-    let before = version(&first).await;
+    let before = version(&dba).await;
 
     first.batch_execute("BEGIN; SAVEPOINT s").await.unwrap();
     let refused = first.batch_execute(&toggle("7")).await.unwrap_err();
@@ -756,7 +780,7 @@ async fn after_a_rolled_back_savepoint(settings: &[(&str, &str)]) {
     let (one, two) = (before + 1, before + 2);
     assert_eq!(heard(&mut listener, 2).await, [one, two]);
     let expected = vec![("8842".to_string(), one), ("9".to_string(), two)];
-    let (entries, history) = stamps(&first, before).await;
+    let (entries, history) = stamps(&dba, before).await;
     assert_eq!((&entries, &history), (&expected, &expected));
 
     // Nested: the inner savepoint's failure leaves the outer one's change and the next alone.
@@ -795,10 +819,10 @@ async fn after_a_rolled_back_savepoint(settings: &[(&str, &str)]) {
         .unwrap();
     let (five, six) = (four + 1, four + 2);
     assert_eq!(heard(&mut listener, 2).await, [five, six]);
-    let (entries, history) = stamps(&first, four).await;
+    let (entries, history) = stamps(&dba, four).await;
     let expected = vec![("8842".to_string(), five), ("9".to_string(), six)];
     assert_eq!((entries, history), (expected.clone(), expected));
-    assert_eq!(version(&first).await, six);
+    assert_eq!(version(&dba).await, six);
 }
 
 /// A column of the directory's tables altered by hand to another type is refused (42804,
@@ -904,6 +928,7 @@ const REGION_LOCK: &str = "locktype = 'object' AND classid = 'shard_directory.sh
 #[tokio::test]
 async fn an_entry_and_its_shards_region_changing_at_once_cannot_both_commit() {
     let (cluster, dba) = directory().await;
+    readme_roles(&dba).await;
     let region_change = |shard: &str| {
         format!("UPDATE shard_directory.shards SET region = 'us' WHERE shard_name = '{shard}'")
     };
@@ -915,8 +940,14 @@ async fn an_entry_and_its_shards_region_changing_at_once_cannot_both_commit() {
     };
     for region_first in [true, false] {
         let shard = if region_first { "shard_2" } else { "shard_1" };
-        let first = cluster.connect("directory").await;
-        let second = cluster.connect("directory").await;
+        // A writer adds the entry, a DBA changes the region: README's roles, nothing more.
+        let (first_role, second_role) = if region_first {
+            ("dba", "directory_writer")
+        } else {
+            ("directory_writer", "dba")
+        };
+        let first = connect_as(&cluster, first_role).await;
+        let second = connect_as(&cluster, second_role).await;
         let second_pid = pid(&second).await;
         let (first_sql, second_sql) = if region_first {
             (region_change(shard), insert("eu-1", shard))

@@ -239,6 +239,21 @@ async fn a_fence_behind_an_idle_transaction_gives_up_and_names_the_blocker() {
         .expect("with nothing in flight the fence goes through");
 }
 
+/// A fence on tenant 8842 that waits 500 ms for a checked transaction in flight and gives up
+/// (55P03); its error, which names what it waited for.
+async fn fence_gives_up(dba: &Client) -> tokio_postgres::error::DbError {
+    dba.batch_execute("SET shard_directory.fence_wait_timeout = 500")
+        .await
+        .unwrap();
+    let err = dba
+        .execute("SELECT shard_directory.fence_frozen('tenant', '8842')", &[])
+        .await
+        .expect_err("the fence must wait for the checked transaction");
+    let db = err.as_db_error().expect("a database error").clone();
+    assert_eq!(db.code(), &SqlState::LOCK_NOT_AVAILABLE, "{}", db.message());
+    db
+}
+
 /// A check remembers that its transaction holds the lock; a rolled-back savepoint releases the
 /// lock it took, and the next check of the transaction must take it again.
 #[tokio::test]
@@ -255,15 +270,7 @@ async fn a_check_after_its_savepoint_rolled_back_holds_the_lock_again() {
         )
         .await
         .unwrap();
-    dba.batch_execute("SET shard_directory.fence_wait_timeout = 500")
-        .await
-        .unwrap();
-    let err = dba
-        .execute("SELECT shard_directory.fence_frozen('tenant', '8842')", &[])
-        .await
-        .expect_err("the fence must wait for the checked transaction");
-    let db = err.as_db_error().expect("a database error");
-    assert_eq!(db.code(), &SqlState::LOCK_NOT_AVAILABLE, "{}", db.message());
+    let db = fence_gives_up(&dba).await;
     assert!(
         db.message().contains(&format!("pid {client_pid}")),
         "{}",
@@ -554,15 +561,7 @@ async fn a_fence_waiting_for_a_prepared_checked_transaction_names_its_gid() {
         )
         .await
         .unwrap();
-    dba.batch_execute("SET shard_directory.fence_wait_timeout = 500")
-        .await
-        .unwrap();
-    let err = dba
-        .execute("SELECT shard_directory.fence_frozen('tenant', '8842')", &[])
-        .await
-        .expect_err("the fence must wait for the prepared transaction");
-    let db = err.as_db_error().expect("a database error");
-    assert_eq!(db.code(), &SqlState::LOCK_NOT_AVAILABLE, "{}", db.message());
+    let db = fence_gives_up(&dba).await;
     assert!(
         db.message().contains("prepared transaction 'order-7'"),
         "{}",
