@@ -161,6 +161,30 @@ pub type FillHook = Arc<dyn Fn() -> futures_util::future::BoxFuture<'static, ()>
 /// How often one instance asks the directory to release an entity it keeps finding read-only.
 const RELEASE_ASKED_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// The gates of the misses in flight, by key. Gates no miss holds any more are swept out when the
+/// map has doubled since the last sweep: a sweep at every new gate made a burst of N misses cost
+/// N² under the lock (8,000 at once starved the runtime for over a second).
+#[derive(Default)]
+struct Gates {
+    map: HashMap<EntityKey, Weak<tokio::sync::Mutex<()>>>,
+    swept: usize,
+}
+
+impl Gates {
+    fn gate(&mut self, key: &EntityKey) -> Arc<tokio::sync::Mutex<()>> {
+        if let Some(gate) = self.map.get(key).and_then(Weak::upgrade) {
+            return gate;
+        }
+        if self.map.len() >= 2 * self.swept.max(32) {
+            self.map.retain(|_, gate| gate.strong_count() > 0);
+            self.swept = self.map.len();
+        }
+        let gate = Arc::new(tokio::sync::Mutex::new(()));
+        self.map.insert(key.clone(), Arc::downgrade(&gate));
+        gate
+    }
+}
+
 struct Inner {
     cache: Arc<Cache>,
     watch: Arc<Watch>,
@@ -169,7 +193,7 @@ struct Inner {
     policy: Policy,
     /// The misses being filled, by key: a miss for a key already being filled waits for that
     /// fill and reads what it cached (one directory query per key at a time).
-    inflight: Mutex<HashMap<EntityKey, Weak<tokio::sync::Mutex<()>>>>,
+    inflight: Mutex<Gates>,
     /// When this instance last asked the directory to release each entity it found read-only.
     release_asked: Mutex<HashMap<EntityKey, std::time::Instant>>,
     _watcher: AbortOnDrop,
@@ -351,14 +375,7 @@ impl Directory {
 
     /// The gate misses of `key` pass one at a time.
     fn gate(&self, key: &EntityKey) -> Arc<tokio::sync::Mutex<()>> {
-        let mut inflight = self.inner.inflight.lock().expect("inflight lock");
-        if let Some(gate) = inflight.get(key).and_then(Weak::upgrade) {
-            return gate;
-        }
-        inflight.retain(|_, gate| gate.strong_count() > 0);
-        let gate = Arc::new(tokio::sync::Mutex::new(()));
-        inflight.insert(key.clone(), Arc::downgrade(&gate));
-        gate
+        self.inner.inflight.lock().expect("inflight lock").gate(key)
     }
 
     /// The store could not be reached (`cause`): the policy decides whether `cached`, the entry
