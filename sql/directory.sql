@@ -19,11 +19,11 @@ CREATE TABLE shards (
 CREATE TABLE shard_directory (
     entity_type  text        NOT NULL,          -- 'tenant', 'account', 'region'
     entity_id    text        NOT NULL,
-    shard_name   text        NOT NULL REFERENCES shards (shard_name),
+    shard_name   text        NOT NULL,
     region       text,
     state        text        NOT NULL DEFAULT 'active'
                              CHECK (state IN ('active','migrating','read_only')),
-    target_shard text        REFERENCES shards (shard_name),
+    target_shard text,
     version      bigint      NOT NULL DEFAULT 0, -- stamped by the trigger with the statement's version
     updated_at   timestamptz NOT NULL DEFAULT now(),
     updated_by   text        NOT NULL DEFAULT current_user,
@@ -100,8 +100,8 @@ CREATE TABLE shard_moves (
     move_id           bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     entity_type       text        NOT NULL,
     entity_id         text        NOT NULL,
-    source_shard      text        NOT NULL REFERENCES shards (shard_name),
-    target_shard      text        NOT NULL REFERENCES shards (shard_name),
+    source_shard      text        NOT NULL,
+    target_shard      text        NOT NULL,
     method            text        NOT NULL CHECK (method IN ('logical', 'copy')),
     phase             text        NOT NULL DEFAULT 'migrating' CHECK (phase IN (
                           'migrating', 'copying', 'catching_up', 'frozen', 'verified', 'cutover',
@@ -141,13 +141,15 @@ CREATE UNIQUE INDEX shard_moves_open_idx ON shard_moves (entity_type, entity_id)
 CREATE TRIGGER shard_directory_statement_begin
     BEFORE INSERT OR UPDATE OR DELETE ON shard_directory
     FOR EACH STATEMENT EXECUTE FUNCTION shard_directory_statement_begin();
--- Fires with session_replication_role = replica too, where the others do not: it refuses the
--- statement there instead of letting it skip every rule.
+-- The statement trigger and the row guards fire with session_replication_role = replica too
+-- (a logical replication worker's, or a superuser's session), where the others would not: they
+-- refuse the write there instead of letting it skip every rule.
 ALTER TABLE shard_directory ENABLE ALWAYS TRIGGER shard_directory_statement_begin;
 
 CREATE TRIGGER shard_directory_guard
     BEFORE INSERT OR UPDATE OR DELETE ON shard_directory
     FOR EACH ROW EXECUTE FUNCTION shard_directory_guard();
+ALTER TABLE shard_directory ENABLE ALWAYS TRIGGER shard_directory_guard;
 
 CREATE TRIGGER shard_directory_history
     AFTER INSERT OR UPDATE OR DELETE ON shard_directory
@@ -164,18 +166,23 @@ CREATE TRIGGER shard_directory_no_truncate
 CREATE TRIGGER shard_directory_version_guard
     BEFORE INSERT OR UPDATE OR DELETE ON shard_directory_version
     FOR EACH ROW EXECUTE FUNCTION shard_directory_version_guard();
+ALTER TABLE shard_directory_version ENABLE ALWAYS TRIGGER shard_directory_version_guard;
 
 CREATE TRIGGER shard_directory_version_no_truncate
     BEFORE TRUNCATE ON shard_directory_version
     FOR EACH STATEMENT EXECUTE FUNCTION shard_directory_refuse_truncate();
 
-CREATE TRIGGER shards_region_guard
-    BEFORE UPDATE OF region ON shards
-    FOR EACH ROW EXECUTE FUNCTION shards_region_guard();
+-- shards_guard and the entries' guard keep a named shard registered and regions matched
+-- (src/directory/registry.rs): rules, not foreign keys, so that a parallel pg_restore, which
+-- loads these tables side by side, keeps every row.
+CREATE TRIGGER shards_guard
+    BEFORE UPDATE OR DELETE ON shards
+    FOR EACH ROW EXECUTE FUNCTION shards_guard();
 
 CREATE TRIGGER shard_directory_history_guard
     BEFORE INSERT OR UPDATE OR DELETE ON shard_directory_history
     FOR EACH ROW EXECUTE FUNCTION shard_directory_history_guard();
+ALTER TABLE shard_directory_history ENABLE ALWAYS TRIGGER shard_directory_history_guard;
 
 CREATE TRIGGER shard_directory_history_no_truncate
     BEFORE TRUNCATE ON shard_directory_history

@@ -24,8 +24,8 @@ CREATE TABLE shard_moves (
     move_id           bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     entity_type       text        NOT NULL,
     entity_id         text        NOT NULL,
-    source_shard      text        NOT NULL REFERENCES shards (shard_name),
-    target_shard      text        NOT NULL REFERENCES shards (shard_name),
+    source_shard      text        NOT NULL,
+    target_shard      text        NOT NULL,
     method            text        NOT NULL CHECK (method IN ('logical', 'copy')),
     phase             text        NOT NULL DEFAULT 'migrating' CHECK (phase IN (
                           'migrating', 'copying', 'catching_up', 'frozen', 'verified', 'cutover',
@@ -124,14 +124,18 @@ STRICT STABLE PARALLEL SAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'directory_epoch_wrapper';
 
--- A shard's region change is checked against the entries placed on it.
-CREATE FUNCTION "shards_region_guard"()
+-- A shard stays registered while an entry or an open move names it, and its region change is
+-- checked against the entries placed on it (src/directory/registry.rs): rules, not foreign
+-- keys, so that a parallel pg_restore, which loads these tables side by side, keeps every row.
+ALTER TABLE shard_directory DROP CONSTRAINT shard_directory_shard_name_fkey,
+                            DROP CONSTRAINT shard_directory_target_shard_fkey;
+CREATE FUNCTION "shards_guard"()
 	RETURNS TRIGGER
 	LANGUAGE c
-	AS 'MODULE_PATHNAME', 'shards_region_guard_wrapper';
-CREATE TRIGGER shards_region_guard
-    BEFORE UPDATE OF region ON shards
-    FOR EACH ROW EXECUTE FUNCTION shards_region_guard();
+	AS 'MODULE_PATHNAME', 'shards_guard_wrapper';
+CREATE TRIGGER shards_guard
+    BEFORE UPDATE OR DELETE ON shards
+    FOR EACH ROW EXECUTE FUNCTION shards_guard();
 
 -- pg_dump carries the directory's and the shard's state.
 SELECT pg_catalog.pg_extension_config_dump('shards', '');
@@ -253,7 +257,7 @@ REVOKE EXECUTE ON FUNCTION
     shard_directory_refuse_truncate(),
     shard_directory_version_guard(),
     shard_directory_history_guard(),
-    shards_region_guard(),
+    shards_guard(),
     shard_settings_guard(),
     shard_fences_changed(),
     shard_directory_protect_statement(),
@@ -278,6 +282,10 @@ FROM PUBLIC;
 -- The check reads the latest committed fences, which a parallel operation cannot.
 ALTER FUNCTION assert_directory_version() PARALLEL UNSAFE;
 
--- The statement trigger fires with session_replication_role = replica too, and refuses the
--- statement there (the row triggers would not run) instead of letting it skip every rule.
+-- The statement trigger and the row guards fire with session_replication_role = replica too
+-- (a logical replication worker's, or a superuser's session), where the others would not: they
+-- refuse the write there instead of letting it skip every rule.
 ALTER TABLE shard_directory ENABLE ALWAYS TRIGGER shard_directory_statement_begin;
+ALTER TABLE shard_directory ENABLE ALWAYS TRIGGER shard_directory_guard;
+ALTER TABLE shard_directory_version ENABLE ALWAYS TRIGGER shard_directory_version_guard;
+ALTER TABLE shard_directory_history ENABLE ALWAYS TRIGGER shard_directory_history_guard;

@@ -39,19 +39,29 @@ pub fn init() {
 
 /// The OID of `shard_directory.<name>`; an error naming it when it is missing.
 pub fn relation(name: &'static CStr) -> pg_sys::Oid {
+    try_relation(name).unwrap_or_else(|| {
+        SdError::ObjectMissing {
+            name: name.to_string_lossy().into_owned(),
+        }
+        .raise()
+    })
+}
+
+/// The OID of `shard_directory.<name>`, if it exists.
+pub fn try_relation(name: &'static CStr) -> Option<pg_sys::Oid> {
     // As fresh as the catalog lookups it saves: both see invalidations once they are processed.
     if FORGET.replace(false) {
         FOUND.with_borrow_mut(Vec::clear);
     }
     if let Some(oid) = FOUND.with_borrow(|f| f.iter().find(|(n, _)| *n == name).map(|f| f.1)) {
-        return oid;
+        return Some(oid);
     }
-    let oid = lookup(name);
+    let oid = lookup(name)?;
     FOUND.with_borrow_mut(|f| f.push((name, oid)));
-    oid
+    Some(oid)
 }
 
-fn lookup(name: &CStr) -> pg_sys::Oid {
+fn lookup(name: &CStr) -> Option<pg_sys::Oid> {
     unsafe {
         let ns = pg_sys::get_namespace_oid(c"shard_directory".as_ptr(), true);
         let oid = if ns == pg_sys::InvalidOid {
@@ -59,13 +69,7 @@ fn lookup(name: &CStr) -> pg_sys::Oid {
         } else {
             pg_sys::get_relname_relid(name.as_ptr(), ns)
         };
-        if oid == pg_sys::InvalidOid {
-            SdError::ObjectMissing {
-                name: name.to_string_lossy().into_owned(),
-            }
-            .raise();
-        }
-        oid
+        (oid != pg_sys::InvalidOid).then_some(oid)
     }
 }
 

@@ -44,6 +44,11 @@ pub enum SdError {
         entity: EntityKey,
         shard: String,
     },
+    /// A shard removed from the registry (or renamed) while an entry or an open move names it.
+    ShardInUse {
+        shard: String,
+        user: String,
+    },
     /// The entry's region and its shard's region differ.
     RegionMismatch {
         entity: EntityKey,
@@ -81,6 +86,15 @@ pub enum SdError {
     TriggersMissing {
         trigger: &'static str,
     },
+    /// A write of the directory's tables with `session_replication_role = replica`: by a
+    /// logical replication worker (`logical`), or a session set so.
+    ReplicaWrite {
+        table: &'static str,
+        logical: bool,
+    },
+    /// PREPARE TRANSACTION of a transaction that changed the directory: its versions are taken
+    /// and notified at commit.
+    PrepareRefused,
     /// A singleton table of the extension lost its row.
     SingletonMissing {
         table: &'static str,
@@ -315,9 +329,10 @@ impl SdError {
             Self::ProtectNotAllowed { .. } => ERRCODE_INSUFFICIENT_PRIVILEGE,
             Self::NotATable { .. } | Self::NotASequence { .. } => ERRCODE_WRONG_OBJECT_TYPE,
             Self::SequenceNotAllowed { .. } => ERRCODE_INSUFFICIENT_PRIVILEGE,
-            Self::UnsupportedKeyType { .. } | Self::DatabaseEncoding { .. } => {
-                ERRCODE_FEATURE_NOT_SUPPORTED
-            }
+            Self::UnsupportedKeyType { .. }
+            | Self::DatabaseEncoding { .. }
+            | Self::PrepareRefused
+            | Self::ReplicaWrite { .. } => ERRCODE_FEATURE_NOT_SUPPORTED,
             Self::NonCanonicalId { .. } => ERRCODE_INVALID_PARAMETER_VALUE,
             Self::NotProtectedWithKey { .. } => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             Self::UnknownState { .. } | Self::RegionMismatch { .. } => ERRCODE_CHECK_VIOLATION,
@@ -333,7 +348,7 @@ impl SdError {
             Self::ProtectionBroken { .. } | Self::ObjectMissing { .. } => {
                 ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
             }
-            Self::UnknownShard { .. } => ERRCODE_FOREIGN_KEY_VIOLATION,
+            Self::UnknownShard { .. } | Self::ShardInUse { .. } => ERRCODE_FOREIGN_KEY_VIOLATION,
             Self::UnknownEntity { .. } => ERRCODE_NO_DATA_FOUND,
             Self::NullValue { .. } => ERRCODE_NULL_VALUE_NOT_ALLOWED,
         }
@@ -412,6 +427,9 @@ impl SdError {
             Self::RegionMismatch { .. } => {
                 Some("Pick a shard in the entry's region, or change the entry's region.".into())
             }
+            Self::ShardInUse { .. } => Some(
+                "Move its entries to other shards (and finish or abort its moves) first: a shard stays registered while anything names it.".into(),
+            ),
             Self::UnknownEntity { .. } => {
                 Some("Check entity_type and entity_id against shard_directory.shard_directory.".into())
             }
@@ -453,6 +471,17 @@ impl SdError {
             }
             Self::VersionRegression { .. } => Some(
                 "Clients and shards rely on the version moving forward one step per change; changes to shard_directory bump it.".into(),
+            ),
+            Self::ReplicaWrite { logical: true, .. } => Some(
+                "Keep read copies of the directory as physical standbys (streaming replication), where \
+                 every read function works; leave the directory's tables out of publications."
+                    .into(),
+            ),
+            Self::ReplicaWrite { .. } => {
+                Some("Write the directory with session_replication_role = origin.".into())
+            }
+            Self::PrepareRefused => Some(
+                "COMMIT the directory change on its own, outside the two-phase transaction.".into(),
             ),
             Self::SingletonMissing { .. } => Some(
                 "Reinstall the extension (DROP EXTENSION, CREATE EXTENSION) or restore the row from a dump.".into(),
@@ -548,6 +577,10 @@ impl fmt::Display for SdError {
             Self::UnknownShard { entity, shard } => {
                 write!(f, "directory entry {entity} names unknown shard \"{shard}\"")
             }
+            Self::ShardInUse { shard, user } => write!(
+                f,
+                "shard \"{shard}\" cannot leave the registry: {user} names it"
+            ),
             Self::RegionMismatch { entity, entity_region, shard, shard_region } => write!(
                 f,
                 "directory entry {entity} is in region \"{entity_region}\" but shard \"{shard}\" is in region \"{shard_region}\""
@@ -607,6 +640,21 @@ impl fmt::Display for SdError {
                 write!(f, "protect trigger {trigger}: {problem}")
             }
             Self::ObjectMissing { name } => write!(f, "shard_directory.{name} does not exist in this database"),
+            Self::ReplicaWrite { table, logical: true } => write!(
+                f,
+                "shard_directory.{table} cannot be written by logical replication: a copy of the \
+                 directory would have no versions, history or notifications of its own"
+            ),
+            Self::ReplicaWrite { table, .. } => write!(
+                f,
+                "shard_directory.{table} cannot be written with session_replication_role = replica: \
+                 the directory's rules, versions, history and notifications would not be made"
+            ),
+            Self::PrepareRefused => write!(
+                f,
+                "a transaction that changed shard_directory.shard_directory cannot be prepared: \
+                 its versions are taken and notified when it commits"
+            ),
             Self::SingletonMissing { table } => {
                 write!(f, "shard_directory.{table} has lost its row")
             }

@@ -50,7 +50,7 @@ pgrx::extension_sql_file!(
         directory::triggers::shard_directory_history_guard,
         directory::triggers::shard_directory_version_guard,
         directory::triggers::shard_directory_refuse_truncate,
-        directory::triggers::shards_region_guard,
+        directory::triggers::shards_guard,
     ]
 );
 

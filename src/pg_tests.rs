@@ -17,8 +17,9 @@ mod tests {
         pub hint: Option<String>,
     }
 
-    /// Runs `sql` in a subtransaction (as PL/pgSQL's EXCEPTION block does) and returns the error it
-    /// raised; panics if it succeeded. The subtransaction's work is rolled back either way.
+    /// Runs `sql` in a subtransaction (as PL/pgSQL's EXCEPTION block does), versioning what it
+    /// changed as a commit would, and returns the error it raised; panics if it succeeded. The
+    /// subtransaction's work is rolled back either way.
     pub fn refusal(sql: &str) -> Refusal {
         let (ctx, owner) = unsafe { (pg_sys::CurrentMemoryContext, pg_sys::CurrentResourceOwner) };
         unsafe {
@@ -26,7 +27,7 @@ mod tests {
             pg_sys::MemoryContextSwitchTo(ctx);
         }
         let caught = PgTryBuilder::new(|| {
-            Spi::run(sql).expect("SPI");
+            change(sql);
             None
         })
         .catch_others(Some)
@@ -51,6 +52,14 @@ mod tests {
         }
     }
 
+    /// Runs `sql`, then versions the directory changes it made as its transaction's commit would
+    /// (`statement::settle`): each test is one transaction, and a change gets its version when
+    /// its transaction commits.
+    pub fn change(sql: &str) {
+        Spi::run(sql).expect("SPI");
+        crate::directory::statement::settle();
+    }
+
     fn one<T: IntoDatum + FromDatum>(sql: &str) -> T {
         Spi::get_one::<T>(sql)
             .expect("SPI")
@@ -70,13 +79,12 @@ mod tests {
     }
 
     fn setup() {
-        Spi::run(
+        change(
             "INSERT INTO shard_directory.shards (shard_name, region) VALUES \
                ('shard_1', 'eu'), ('shard_2', 'eu'), ('shard_3', 'us'), ('shard_4', NULL); \
              INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name, region) VALUES \
                ('tenant', '1', 'shard_1', 'eu'), ('tenant', '2', 'shard_1', 'eu'), ('tenant', '3', 'shard_2', NULL)",
-        )
-        .expect("setup");
+        );
     }
 
     /// Asserts `sql` is refused with `code`, names what `message_parts` say, and changed nothing.
@@ -104,11 +112,10 @@ mod tests {
     fn one_statement_bumps_the_version_once_and_stamps_every_changed_entry() {
         setup();
         let before = version();
-        Spi::run(
+        change(
             "UPDATE shard_directory.shard_directory \
              SET region = CASE WHEN region IS NULL THEN 'eu' END WHERE entity_type = 'tenant'",
-        )
-        .unwrap();
+        );
         assert_eq!(version(), before + 1);
         let stamped: i64 = one(&format!(
             "SELECT count(*) FROM shard_directory.shard_directory WHERE version = {}",
@@ -116,16 +123,46 @@ mod tests {
         ));
         assert_eq!(stamped, 3);
         // whatever the statement itself wrote into version is overwritten
-        Spi::run(
+        change(
             "UPDATE shard_directory.shard_directory SET version = 999, region = 'eu' WHERE entity_id = '1'",
-        )
-        .unwrap();
+        );
         assert_eq!(entry("1"), format!("active|shard_1|-|{}", before + 2));
         // and a write of version alone changes nothing: the stored stamp stays
-        Spi::run("UPDATE shard_directory.shard_directory SET version = 999 WHERE entity_id = '1'")
-            .unwrap();
+        change("UPDATE shard_directory.shard_directory SET version = 999 WHERE entity_id = '1'");
         assert_eq!(entry("1"), format!("active|shard_1|-|{}", before + 2));
         assert_eq!(version(), before + 2);
+    }
+
+    /// A statement changing more entries than a transaction keeps waiting in memory takes its
+    /// version when it passes them, before its commit: every entry and history row still carry
+    /// the one version it got.
+    #[pg_test]
+    fn a_change_of_more_entries_than_wait_in_memory_takes_its_version_at_once() {
+        use crate::directory::statement::WAITING_LIMIT;
+        setup();
+        let v = version();
+        let n = WAITING_LIMIT as i64 + 2_500;
+        Spi::run(&format!(
+            "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) \
+             SELECT 'bulk', g::text, 'shard_1' FROM generate_series(1, {n}) g"
+        ))
+        .unwrap();
+        assert_eq!(version(), v + 1, "taken before the commit");
+        let stamped = |table: &str| -> i64 {
+            one(&format!(
+                "SELECT count(*) FILTER (WHERE version = {}) - count(*) FILTER (WHERE version <> {}) \
+                 FROM shard_directory.{table} WHERE entity_type = 'bulk'",
+                v + 1,
+                v + 1
+            ))
+        };
+        assert_eq!(
+            (
+                stamped("shard_directory"),
+                stamped("shard_directory_history")
+            ),
+            (n, n)
+        );
     }
 
     /// Issue 8, items 11 and 13.
@@ -140,27 +177,25 @@ mod tests {
              VALUES ('tenant', '1', 'shard_1') ON CONFLICT DO NOTHING",
             "UPDATE shard_directory.shard_directory SET region = region, state = state",
         ] {
-            Spi::run(sql).unwrap();
+            change(sql);
             assert_eq!(version(), before, "{sql}");
             assert_eq!(history(), rows, "{sql}");
         }
         // a skipped row beside a written one: the written one keeps the statement's version
-        Spi::run(
+        change(
             "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) \
              VALUES ('tenant', '1', 'shard_1'), ('tenant', '4', 'shard_1') ON CONFLICT DO NOTHING",
-        )
-        .unwrap();
+        );
         assert_eq!(version(), before + 1);
         assert_eq!(entry("4"), format!("active|shard_1|-|{}", before + 1));
 
         // one WITH statement inserting, updating and deleting: one version for all of it
-        Spi::run(
+        change(
             "WITH a AS (UPDATE shard_directory.shard_directory SET region = NULL WHERE entity_id = '1' RETURNING 1), \
                   b AS (DELETE FROM shard_directory.shard_directory WHERE entity_id = '4' RETURNING 1) \
              INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) \
              SELECT 'tenant', '5', 'shard_2' FROM a, b",
-        )
-        .unwrap();
+        );
         assert_eq!(version(), before + 2);
         let versions: String = one(&format!(
             "SELECT string_agg(DISTINCT version::text, ',') FROM shard_directory.shard_directory_history \
@@ -169,12 +204,11 @@ mod tests {
         assert_eq!(versions, (before + 2).to_string());
         assert_eq!(history(), rows + 4);
         // an upsert that updates: one version too
-        Spi::run(
+        change(
             "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name, region) \
              VALUES ('tenant', '5', 'shard_2', 'eu') \
              ON CONFLICT (entity_type, entity_id) DO UPDATE SET region = excluded.region",
-        )
-        .unwrap();
+        );
         assert_eq!(version(), before + 3);
         assert_eq!(entry("5"), format!("active|shard_2|-|{}", before + 3));
     }
@@ -183,11 +217,8 @@ mod tests {
     fn a_statement_that_changes_nothing_bumps_nothing() {
         setup();
         let before = version();
-        Spi::run(
-            "UPDATE shard_directory.shard_directory SET region = 'eu' WHERE entity_id = 'nope'",
-        )
-        .unwrap();
-        Spi::run("DELETE FROM shard_directory.shard_directory WHERE entity_id = 'nope'").unwrap();
+        change("UPDATE shard_directory.shard_directory SET region = 'eu' WHERE entity_id = 'nope'");
+        change("DELETE FROM shard_directory.shard_directory WHERE entity_id = 'nope'");
         assert_eq!(version(), before);
         let notified: i64 =
             one("SELECT count(*) FROM shard_directory.shard_directory_history WHERE version > 1");
@@ -338,11 +369,10 @@ mod tests {
         setup();
         let v0 = version();
         let v1: i64 = one("SELECT shard_directory.begin_move('tenant', '1', 'shard_2')");
-        Spi::run(
+        change(
             "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) \
              VALUES ('tenant', '4', 'shard_4')",
-        )
-        .unwrap();
+        );
         let v3: i64 = one("SELECT shard_directory.freeze('tenant', '1')");
         assert_eq!(
             changes(v0, 10_000),
@@ -376,17 +406,18 @@ mod tests {
         setup();
         let v = version();
         for id in ["1", "2", "3"] {
-            Spi::run(&format!(
+            change(&format!(
                 "UPDATE shard_directory.shard_directory \
                  SET region = CASE WHEN region IS NULL THEN 'eu' END WHERE entity_id = '{id}'"
-            ))
-            .unwrap();
+            ));
         }
         // The middle version as an upgraded row: taken "long ago".
         let as_upgraded = |sql: &str| {
             Spi::run(&format!(
-                "SET LOCAL session_replication_role = replica; {sql}; \
-                 SET LOCAL session_replication_role = origin"
+                "ALTER TABLE shard_directory.shard_directory_history \
+                   DISABLE TRIGGER shard_directory_history_guard; {sql}; \
+                 ALTER TABLE shard_directory.shard_directory_history \
+                   ENABLE ALWAYS TRIGGER shard_directory_history_guard"
             ))
             .unwrap()
         };
@@ -470,12 +501,12 @@ mod tests {
         };
         const CHANGE: &str = "UPDATE shard_directory.shard_directory \
              SET region = CASE WHEN region IS NULL THEN 'eu' END WHERE entity_id = '3'";
-        let change = || Spi::run(CHANGE).unwrap();
+        let change_three = || change(CHANGE);
 
         // Right: neither the bump nor the read looks the row up by its key.
         let older = latest::row().expect("a bump records where it wrote the row");
         let (v, scans) = (stored(), key_scans());
-        change();
+        change_three();
         assert_eq!((stored(), read()), (v + 1, v + 1));
         assert_eq!(key_scans(), scans, "the row read at its place");
 
@@ -490,7 +521,7 @@ mod tests {
             latest::set_row(wrong);
             let (v, scans) = (stored(), key_scans());
             assert_eq!(read(), v, "read with the place at {place}");
-            change();
+            change_three();
             assert_eq!(
                 (stored(), read()),
                 (v + 1, v + 1),
@@ -502,10 +533,11 @@ mod tests {
         // A bump rolled back leaves its place behind: its row version is not the row.
         let place = || latest::row().map(|t| (t.ip_blkid.bi_hi, t.ip_blkid.bi_lo, t.ip_posid));
         let (v, committed) = (stored(), place());
-        refusal(&format!("{CHANGE}; SELECT 1 / 0"));
+        // A move step takes its version at once: the division fails after it.
+        refusal("SELECT shard_directory.freeze('tenant', '3'); SELECT 1 / 0");
         assert_ne!(place(), committed, "the place of the version rolled back");
         assert_eq!((stored(), read()), (v, v), "after a bump rolled back");
-        change();
+        change_three();
         assert_eq!((stored(), read()), (v + 1, v + 1), "the bump after it");
     }
 
@@ -524,11 +556,10 @@ mod tests {
         for off_by in [5, -1] {
             let (v, updated) = (version(), updates());
             latest::set(v + off_by);
-            Spi::run(
+            change(
                 "UPDATE shard_directory.shard_directory \
                  SET region = CASE WHEN region IS NULL THEN 'eu' END WHERE entity_type = 'tenant'",
-            )
-            .unwrap();
+            );
             let got = v + 1;
             assert_eq!(version(), got);
             let stamped = |table: &str| -> i64 {
@@ -585,7 +616,7 @@ mod tests {
             alter(enable);
         }
         let v = version();
-        Spi::run(update).unwrap();
+        change(update);
         assert_eq!(
             version(),
             v + 1,
@@ -726,7 +757,7 @@ mod tests {
     fn allow_repoint_permits_a_direct_repoint_and_history_records_it() {
         setup();
         Spi::run("SET LOCAL shard_directory.allow_repoint = on").unwrap();
-        Spi::run("UPDATE shard_directory.shard_directory SET shard_name = 'shard_2' WHERE entity_id = '1'").unwrap();
+        change("UPDATE shard_directory.shard_directory SET shard_name = 'shard_2' WHERE entity_id = '1'");
         let last: String = one(
             "SELECT transition || ':' || old_shard || '>' || new_shard FROM shard_directory.shard_directory_history \
              WHERE entity_id = '1' ORDER BY history_id DESC LIMIT 1",
@@ -738,9 +769,8 @@ mod tests {
     #[pg_test]
     fn history_records_every_change_and_cannot_be_rewritten() {
         setup();
-        Spi::run("UPDATE shard_directory.shard_directory SET region = NULL WHERE entity_id = '2'")
-            .unwrap();
-        Spi::run("DELETE FROM shard_directory.shard_directory WHERE entity_id = '2'").unwrap();
+        change("UPDATE shard_directory.shard_directory SET region = NULL WHERE entity_id = '2'");
+        change("DELETE FROM shard_directory.shard_directory WHERE entity_id = '2'");
         let deleted_at = version();
         let rows: String = one(
             "SELECT string_agg(concat_ws(',', op, old_shard, old_state, new_shard, new_state, old_region, new_region, version), ' ' ORDER BY history_id) \
@@ -774,8 +804,7 @@ mod tests {
     #[pg_test]
     fn history_rows_get_what_their_column_defaults_give_and_an_index_they_cannot_keep_is_refused() {
         setup();
-        Spi::run("UPDATE shard_directory.shard_directory SET region = NULL WHERE entity_id = '2'")
-            .unwrap();
+        change("UPDATE shard_directory.shard_directory SET region = NULL WHERE entity_id = '2'");
         let filled: bool = one(
             "SELECT history_id = (SELECT max(history_id) FROM shard_directory.shard_directory_history) \
                     AND txid = txid_current() AND changed_at = now() AND changed_by = current_user \
@@ -791,6 +820,52 @@ mod tests {
         let sql = "UPDATE shard_directory.shard_directory SET region = 'eu' WHERE entity_id = '2'";
         assert_eq!(refusal(sql).code, ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE);
         assert_eq!(version(), v, "the refused change bumped nothing");
+    }
+
+    /// What a DBA adds to history is honoured by the extension's own writes of it: an added
+    /// column gets its default (an added NOT NULL DEFAULT column made every change fail), an
+    /// added CHECK refuses a change it does not accept (23514, naming it), and a generated
+    /// column, which these writes cannot compute, is refused naming it.
+    #[pg_test]
+    fn history_rows_honour_the_columns_and_checks_a_dba_added() {
+        setup();
+        Spi::run(
+            "ALTER TABLE shard_directory.shard_directory_history \
+               ADD COLUMN ticket text NOT NULL DEFAULT 'none', \
+               ADD COLUMN weight integer DEFAULT 2 * 21, \
+               ADD COLUMN note text",
+        )
+        .unwrap();
+        change("UPDATE shard_directory.shard_directory SET region = NULL WHERE entity_id = '2'");
+        let added: String = one(
+            "SELECT concat_ws(':', ticket, weight, coalesce(note, '-')) \
+             FROM shard_directory.shard_directory_history WHERE entity_id = '2' \
+             ORDER BY version DESC LIMIT 1",
+        );
+        assert_eq!(added, "none:42:-");
+
+        Spi::run(
+            "ALTER TABLE shard_directory.shard_directory_history \
+               ADD CONSTRAINT entries_are_kept CHECK (op <> 'delete')",
+        )
+        .unwrap();
+        assert_refused(
+            "DELETE FROM shard_directory.shard_directory WHERE entity_id = '2'",
+            ERRCODE_CHECK_VIOLATION,
+            &["shard_directory_history", "entries_are_kept"],
+        );
+
+        Spi::run(
+            "ALTER TABLE shard_directory.shard_directory_history \
+               DROP CONSTRAINT entries_are_kept, \
+               ADD COLUMN shout text GENERATED ALWAYS AS (upper(op)) STORED",
+        )
+        .unwrap();
+        assert_refused(
+            "UPDATE shard_directory.shard_directory SET region = 'eu' WHERE entity_id = '2'",
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            &["generated column \"shout\"", "shard_directory_history"],
+        );
     }
 
     #[pg_test]
@@ -1207,14 +1282,13 @@ mod tests {
         setup();
         as_writer();
         let v = version();
-        Spi::run(
+        change(
             "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) VALUES ('tenant', '9', 'shard_2'); \
              UPDATE shard_directory.shard_directory SET region = 'eu' WHERE entity_id = '9'; \
              SELECT shard_directory.begin_move('tenant', '9', 'shard_1'); \
              SELECT shard_directory.abort_move('tenant', '9'); \
              DELETE FROM shard_directory.shard_directory WHERE entity_id = '9'",
-        )
-        .unwrap();
+        );
         assert_eq!(version(), v + 5);
         for sql in [
             "UPDATE shard_directory.shard_directory_version SET version = 9223372036854775807",
@@ -1310,6 +1384,50 @@ mod tests {
         // entries without a region, or none placed there: allowed
         Spi::run("UPDATE shard_directory.shards SET region = 'us' WHERE shard_name = 'shard_4'")
             .unwrap();
+    }
+
+    /// A shard named by an entry (as its shard or its target) or by an open move stays
+    /// registered under its name (23503, naming what names it); one nothing names leaves.
+    #[pg_test]
+    fn a_shard_stays_registered_while_anything_names_it() {
+        setup();
+        change("SELECT shard_directory.begin_move('tenant', '3', 'shard_4')");
+        for (sql, named_by) in [
+            (
+                "DELETE FROM shard_directory.shards WHERE shard_name = 'shard_1'",
+                "tenant/1",
+            ),
+            (
+                "UPDATE shard_directory.shards SET shard_name = 'shard_one' WHERE shard_name = 'shard_1'",
+                "tenant/1",
+            ),
+            (
+                "DELETE FROM shard_directory.shards WHERE shard_name = 'shard_4'",
+                "tenant/3",
+            ),
+        ] {
+            let r = assert_refused(sql, ERRCODE_FOREIGN_KEY_VIOLATION, &[named_by]);
+            assert!(r.hint.unwrap_or_default().contains("Move its entries"));
+        }
+        // An open move names its shards; a finished one does not.
+        change(
+            "INSERT INTO shard_directory.shards (shard_name) VALUES ('shard_5'); \
+             INSERT INTO shard_directory.shard_moves (entity_type, entity_id, source_shard, \
+                 target_shard, method, max_freeze, source_fence, target_fence) \
+             VALUES ('tenant', '9', 'shard_3', 'shard_5', 'copy', '10s', '{}', '{}')",
+        );
+        let r = assert_refused(
+            "DELETE FROM shard_directory.shards WHERE shard_name = 'shard_5'",
+            ERRCODE_FOREIGN_KEY_VIOLATION,
+            &["move", "tenant/9"],
+        );
+        assert!(r.message.contains("shard_5"), "{}", r.message);
+        change(
+            "UPDATE shard_directory.shard_moves SET phase = 'aborted', finished_at = now(); \
+             DELETE FROM shard_directory.shards WHERE shard_name IN ('shard_5', 'shard_3')",
+        );
+        let left: i64 = one("SELECT count(*) FROM shard_directory.shards");
+        assert_eq!(left, 3);
     }
 
     #[pg_test]

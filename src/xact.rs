@@ -1,16 +1,23 @@
-//! Transaction-end callbacks for the backend-local state that must not outlive what it belongs
-//! to: the directory's statement frames (a transaction's, and a subtransaction's when it is
-//! rolled back), the shard check's memory of holding its lock (which a rolled-back
-//! subtransaction may have released) and the mover's fence bypass.
+//! Transaction callbacks: the directory's changes versioned at pre-commit, and the backend-local
+//! state that must not outlive what it belongs to: the directory's statement frames (a
+//! transaction's, and a subtransaction's), the shard check's memory of holding its lock (which a
+//! rolled-back subtransaction may have released) and the mover's fence bypass.
 
 use pgrx::prelude::*;
 
 #[pg_guard]
-unsafe extern "C-unwind" fn on_xact_end(
+unsafe extern "C-unwind" fn on_xact_event(
     event: pg_sys::XactEvent::Type,
     _arg: *mut std::ffi::c_void,
 ) {
     use pg_sys::XactEvent::*;
+    match event {
+        // After the last row lock the transaction takes (deferred triggers have fired): its
+        // directory changes get their versions now.
+        XACT_EVENT_PRE_COMMIT => crate::directory::statement::settle(),
+        XACT_EVENT_PRE_PREPARE => crate::directory::statement::refuse_prepare(),
+        _ => {}
+    }
     if matches!(
         event,
         XACT_EVENT_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PREPARE | XACT_EVENT_PARALLEL_ABORT
@@ -31,15 +38,21 @@ unsafe extern "C-unwind" fn on_subxact_end(
     _parent: pg_sys::SubTransactionId,
     _arg: *mut std::ffi::c_void,
 ) {
-    if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
-        crate::directory::statement::abort_subtransaction();
-        crate::shard::locks::forget();
+    match event {
+        pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB => {
+            crate::directory::statement::abort_subtransaction();
+            crate::shard::locks::forget();
+        }
+        pg_sys::SubXactEvent::SUBXACT_EVENT_COMMIT_SUB => {
+            crate::directory::statement::commit_subtransaction();
+        }
+        _ => {}
     }
 }
 
 pub fn init() {
     unsafe {
-        pg_sys::RegisterXactCallback(Some(on_xact_end), std::ptr::null_mut());
+        pg_sys::RegisterXactCallback(Some(on_xact_event), std::ptr::null_mut());
         pg_sys::RegisterSubXactCallback(Some(on_subxact_end), std::ptr::null_mut());
     }
 }

@@ -14,8 +14,8 @@ use crate::error::SdError;
 /// The type a column named `name` has in the directory's tables.
 fn expected(name: &CStr) -> (pg_sys::Oid, &'static str) {
     match name.to_bytes() {
-        b"version" | b"txid" | b"history_id" => (pg_sys::INT8OID, "bigint"),
-        b"updated_at" | b"changed_at" | b"version_at" | b"created_at" => {
+        b"version" | b"txid" | b"history_id" | b"move_id" => (pg_sys::INT8OID, "bigint"),
+        b"updated_at" | b"changed_at" | b"version_at" | b"created_at" | b"finished_at" => {
             (pg_sys::TIMESTAMPTZOID, "timestamp with time zone")
         }
         _ => (pg_sys::TEXTOID, "text"),

@@ -5,10 +5,11 @@
 //! `changes_since`, which every router calls on every change, reads them the same way.
 //!
 //! What SQL would have done is ours to do: every column gets a value (an identity from its
-//! sequence), the values written are ones the tables' CHECK constraints accept, the indexes are
-//! kept, and the version row is written under the lock that orders versions. No trigger fires
-//! and no privilege is checked: these are the extension's own writes, made for a writer who
-//! holds no privilege on these tables.
+//! sequence, a column a DBA added its default), the values written are ones the tables' own
+//! CHECK constraints accept and any a DBA added are checked, the indexes are kept, and the
+//! version row is written under the lock that orders versions. No trigger fires and no
+//! privilege is checked: these are the extension's own writes, made for a writer who holds no
+//! privilege on these tables.
 
 use std::cell::Cell;
 use std::ffi::CStr;
@@ -31,6 +32,12 @@ thread_local! {
 
 /// The value of one column of a row being written.
 pub type Column<'a> = (&'a CStr, Option<pg_sys::Datum>);
+
+/// The CHECK constraints the extension makes on the tables written here (named by PostgreSQL).
+const OWN_CHECKS: [&CStr; 2] = [
+    c"shard_directory_history_op_check",
+    c"shard_directory_version_id_check",
+];
 
 /// A table of the extension opened for writing (`RowExclusiveLock`, kept until the transaction
 /// ends, as the executor keeps it).
@@ -81,9 +88,14 @@ impl Table {
         .raise()
     }
 
-    /// The row's values and nulls in the table's column order. A column not in `columns` gets
-    /// its identity's next value, or NULL where NULL is allowed.
-    fn form(&self, columns: &[Column<'_>]) -> (Vec<pg_sys::Datum>, Vec<bool>) {
+    /// The row's values and nulls in the table's column order. A column not in `columns` (one a
+    /// DBA added) gets its identity's next value, else its default, else NULL where NULL is
+    /// allowed; a generated one is refused.
+    fn form(
+        &self,
+        columns: &[Column<'_>],
+        executor: &mut Option<Executor>,
+    ) -> (Vec<pg_sys::Datum>, Vec<bool>) {
         let mut values = Vec::with_capacity(self.attributes().len());
         let mut nulls = Vec::with_capacity(self.attributes().len());
         for (i, attr) in self.attributes().iter().enumerate() {
@@ -91,13 +103,19 @@ impl Table {
             let given = columns.iter().find(|(c, _)| *c == name).map(|(_, v)| *v);
             let value = match given {
                 _ if attr.attisdropped => None,
-                Some(value) => value,
+                Some(value) => {
+                    columns::check(unsafe { (*self.0).rd_att }, attr);
+                    value
+                }
                 None if attr.attidentity != 0 => Some(self.next_identity(i)),
+                None if attr.attgenerated != 0 => self.broken(format!(
+                    "its generated column {name:?} cannot be computed by the extension's writes; drop it"
+                )),
+                None if attr.atthasdef => executor
+                    .get_or_insert_with(|| Executor::new(self, false))
+                    .default_of(self, i + 1),
                 None => None,
             };
-            if value.is_some() {
-                columns::check(unsafe { (*self.0).rd_att }, attr);
-            }
             if value.is_none() && attr.attnotnull && !attr.attisdropped {
                 self.broken(format!("no value for its NOT NULL column {name:?}"));
             }
@@ -105,6 +123,21 @@ impl Table {
             nulls.push(value.is_none());
         }
         (values, nulls)
+    }
+
+    /// Whether the table has a CHECK constraint the extension did not make: the values these
+    /// writes make pass the extension's own, and those a DBA added are checked.
+    fn has_added_checks(&self) -> bool {
+        // SAFETY: the descriptor and its constraints live as long as the relation is open.
+        unsafe {
+            let constr = (*(*self.0).rd_att).constr;
+            if constr.is_null() || (*constr).num_check == 0 {
+                return false;
+            }
+            std::slice::from_raw_parts((*constr).check, (*constr).num_check as usize)
+                .iter()
+                .any(|c| !OWN_CHECKS.contains(&CStr::from_ptr(c.ccname)))
+        }
     }
 
     /// Column `name` of `tuple`, a tuple of this table; `None` when NULL.
@@ -222,13 +255,122 @@ impl Drop for Table {
 /// Inserts one row into `relid`, indexes included.
 pub fn insert(relid: pg_sys::Oid, columns: &[Column<'_>]) {
     let table = Table::open(relid);
-    let (mut values, mut nulls) = table.form(columns);
+    let mut executor = None;
+    let (mut values, mut nulls) = table.form(columns, &mut executor);
     // SAFETY: the descriptor matches `values` and `nulls` (one per attribute); the tuple is
-    // palloc'd in the current context and freed with it.
+    // palloc'd in the current context and freed with it; the values of defaults live in the
+    // executor's memory until it drops, after the tuple is formed.
     unsafe {
         let tuple =
             pg_sys::heap_form_tuple((*table.0).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
+        if table.has_added_checks() {
+            executor
+                .get_or_insert_with(|| Executor::new(&table, false))
+                .check(tuple);
+        }
         pg_sys::CatalogTupleInsertWithInfo(table.0, tuple, Indexes::open(&table).0);
+    }
+}
+
+/// The executor's state, made only for what these writes need of it: a DBA's column defaults
+/// and CHECK constraints, and the index entries of rows stamped again. Freed on drop.
+struct Executor {
+    estate: *mut pg_sys::EState,
+    info: *mut pg_sys::ResultRelInfo,
+    slot: *mut pg_sys::TupleTableSlot,
+    indexes: bool,
+}
+
+impl Executor {
+    /// For `table`; with its indexes open when `indexes`.
+    fn new(table: &Table, indexes: bool) -> Executor {
+        // SAFETY: the result relation info is zeroed, then filled in by PostgreSQL for the open
+        // relation; everything lives until drop.
+        unsafe {
+            let estate = pg_sys::CreateExecutorState();
+            let info: *mut pg_sys::ResultRelInfo =
+                pg_sys::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>()).cast();
+            (*info).type_ = pg_sys::NodeTag::T_ResultRelInfo;
+            pg_sys::InitResultRelInfo(info, table.0, 0, std::ptr::null_mut(), 0);
+            if indexes {
+                pg_sys::ExecOpenIndices(info, false);
+            }
+            let slot = pg_sys::MakeSingleTupleTableSlot(
+                (*table.0).rd_att,
+                &raw const pg_sys::TTSOpsHeapTuple,
+            );
+            Executor {
+                estate,
+                info,
+                slot,
+                indexes,
+            }
+        }
+    }
+
+    /// The default of `table`'s column `attnum` (from 1) for a new row; `None` for NULL.
+    fn default_of(&self, table: &Table, attnum: usize) -> Option<pg_sys::Datum> {
+        // SAFETY: the expression is PostgreSQL's own for the column, prepared and evaluated in
+        // this executor state, whose memory holds the value until drop.
+        unsafe {
+            let expr = pg_sys::build_column_default(table.0, attnum as i32);
+            if expr.is_null() {
+                return None;
+            }
+            let state = pg_sys::ExecPrepareExpr(expr.cast(), self.estate);
+            let mut context = (*self.estate).es_per_tuple_exprcontext;
+            if context.is_null() {
+                context = pg_sys::MakePerTupleExprContext(self.estate);
+            }
+            let mut is_null = false;
+            let value = pg_sys::ExecEvalExprSwitchContext(state, context, &mut is_null);
+            (!is_null).then_some(value)
+        }
+    }
+
+    /// Refuses `tuple` as a write of the executor would: its NOT NULL columns and every CHECK
+    /// constraint (23502, 23514, naming the table and the constraint).
+    ///
+    /// # Safety
+    /// `tuple` is a valid tuple of the executor's table.
+    unsafe fn check(&self, tuple: pg_sys::HeapTuple) {
+        unsafe {
+            pg_sys::ExecStoreHeapTuple(tuple, self.slot, false);
+            pg_sys::ExecConstraints(self.info, self.slot, self.estate);
+        }
+    }
+
+    /// Makes the index entries of `tuple`, a new version of a row (not a HOT one), as the
+    /// executor does, partial and expression indexes included.
+    ///
+    /// # Safety
+    /// `tuple` is a valid tuple of the executor's table, just written; the executor was made
+    /// with its indexes.
+    unsafe fn insert_index_entries(&self, tuple: pg_sys::HeapTuple) {
+        unsafe {
+            pg_sys::ExecStoreHeapTuple(tuple, self.slot, false);
+            pg_sys::ExecInsertIndexTuples(
+                self.info,
+                self.slot,
+                self.estate,
+                false,
+                false,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            );
+        }
+    }
+}
+
+impl Drop for Executor {
+    fn drop(&mut self) {
+        unsafe {
+            pg_sys::ExecDropSingleTupleTableSlot(self.slot);
+            if self.indexes {
+                pg_sys::ExecCloseIndices(self.info);
+            }
+            pg_sys::FreeExecutorState(self.estate);
+        }
     }
 }
 
@@ -411,6 +553,9 @@ pub fn update_singleton<R>(
             |tuple| {
                 let (columns, result) = change(&|name: &CStr| table.get(tuple, name));
                 let new = table.modify(tuple, &columns);
+                if table.has_added_checks() {
+                    Executor::new(&table, false).check(new);
+                }
                 let indexes = Indexes::open(&table);
                 pg_sys::CatalogTupleUpdateWithInfo(table.0, &mut (*tuple).t_self, new, indexes.0);
                 // Later statements of this transaction see the new row, as after an UPDATE.
@@ -421,57 +566,42 @@ pub fn update_singleton<R>(
     }
 }
 
-/// Rewrites columns of a row the running statement wrote to `relation` (a table with triggers of
-/// its own: the rewrite fires none), its indexes kept as the executor keeps them (partial and
-/// expression indexes included). A row a later statement of this transaction has changed since
-/// is left alone: that statement wrote its own values.
-pub fn rewrite_own_row(
-    relation: pg_sys::Relation,
-    tid: pg_sys::ItemPointerData,
-    columns: &[Column<'_>],
+/// Stamps `version` again on rows of `relid` (the directory's table, which has triggers of its
+/// own: the rewrite fires none) that this transaction wrote, its indexes kept as the executor
+/// keeps them (partial and expression indexes included). A row a later statement of this
+/// transaction has changed since is left alone: that statement stamps its own.
+pub fn stamp_own_rows(
+    relid: pg_sys::Oid,
+    rows: impl IntoIterator<Item = pg_sys::ItemPointerData>,
+    version: i64,
 ) {
-    // The trigger's relation: open, and closed by its caller.
-    let table = std::mem::ManuallyDrop::new(Table(relation));
-    // SAFETY: the fetched tuple is read under its buffer pin; the executor state and the index
-    // relations live until they are freed and closed here.
+    let mut rows = rows.into_iter().peekable();
+    if rows.peek().is_none() {
+        return;
+    }
+    let table = Table::open(relid);
+    let column = [(c"version", version.into_datum())];
+    let executor = Executor::new(&table, true);
+    // SAFETY: each fetched tuple is read under its buffer pin, and its new version written
+    // before the next is fetched.
     unsafe {
-        // The row was written under the statement's command id: the update needs a later one.
+        // The rows were written under earlier command ids: the updates need a later one.
         pg_sys::CommandCounterIncrement();
-        let mut tuple: pg_sys::HeapTupleData = std::mem::zeroed();
-        tuple.t_self = tid;
-        let mut buffer = pg_sys::InvalidBuffer as pg_sys::Buffer;
-        let snapshot = &raw mut pg_sys::SnapshotSelfData;
-        if !pg_sys::heap_fetch(relation, snapshot, &mut tuple, &mut buffer, false) {
-            return;
+        for tid in rows {
+            let mut tuple: pg_sys::HeapTupleData = std::mem::zeroed();
+            tuple.t_self = tid;
+            let mut buffer = pg_sys::InvalidBuffer as pg_sys::Buffer;
+            let snapshot = &raw mut pg_sys::SnapshotSelfData;
+            if !pg_sys::heap_fetch(table.0, snapshot, &mut tuple, &mut buffer, false) {
+                continue;
+            }
+            let new = table.modify(&mut tuple, &column);
+            pg_sys::ReleaseBuffer(buffer);
+            pg_sys::simple_heap_update(table.0, &mut tuple.t_self, new);
+            if (*(*new).t_data).t_infomask2 & pg_sys::HEAP_ONLY_TUPLE as u16 == 0 {
+                // Not a HOT update: the indexes must point at the new version too.
+                executor.insert_index_entries(new);
+            }
         }
-        let new = table.modify(&mut tuple, columns);
-        pg_sys::ReleaseBuffer(buffer);
-        pg_sys::simple_heap_update(relation, &mut tuple.t_self, new);
-        if (*(*new).t_data).t_infomask2 & pg_sys::HEAP_ONLY_TUPLE as u16 != 0 {
-            return; // a HOT update: the indexes still point at the row's chain
-        }
-        let estate = pg_sys::CreateExecutorState();
-        let info: *mut pg_sys::ResultRelInfo =
-            pg_sys::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>()).cast();
-        (*info).type_ = pg_sys::NodeTag::T_ResultRelInfo;
-        pg_sys::InitResultRelInfo(info, relation, 0, std::ptr::null_mut(), 0);
-        pg_sys::ExecOpenIndices(info, false);
-        let slot = pg_sys::MakeSingleTupleTableSlot(
-            (*relation).rd_att,
-            &raw const pg_sys::TTSOpsHeapTuple,
-        );
-        pg_sys::ExecStoreHeapTuple(new, slot, false);
-        pg_sys::ExecInsertIndexTuples(
-            info,
-            slot,
-            estate,
-            false,
-            false,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-        );
-        pg_sys::ExecDropSingleTupleTableSlot(slot);
-        pg_sys::ExecCloseIndices(info);
-        pg_sys::FreeExecutorState(estate);
     }
 }

@@ -15,16 +15,19 @@ fn history_table() -> pg_sys::Oid {
     catalog::relation(c"shard_directory_history")
 }
 
-/// One history row, written by the extension on behalf of `changed_by`: writers hold no
-/// privilege on history, so they cannot forge it.
-pub fn record(
-    old: Option<&Entry>,
-    new: &Option<Entry>,
-    transition: Transition,
-    bump: Bump,
-    changed_by: &str,
-) {
-    let new = new.as_ref();
+/// One change of an entry, as its history row will record it once its statement has a version.
+pub struct Change {
+    pub old: Option<Entry>,
+    pub new: Option<Entry>,
+    pub transition: Transition,
+    /// The role that made the change (the history row is written later, perhaps as another).
+    pub changed_by: String,
+}
+
+/// Writes `change`'s history row with its statement's `bump`, on behalf of the role that made
+/// it: writers hold no privilege on history, so they cannot forge it.
+pub fn write(change: &Change, bump: Bump) {
+    let (old, new) = (change.old.as_ref(), change.new.as_ref());
     let op = match (old, new) {
         (None, _) => "insert",
         (_, None) => "delete",
@@ -46,7 +49,7 @@ pub fn record(
         history_table(),
         &[
             (c"op", op.into_datum()),
-            (c"transition", transition.as_str().into_datum()),
+            (c"transition", change.transition.as_str().into_datum()),
             (c"entity_type", key.entity_type.as_str().into_datum()),
             (c"entity_id", key.entity_id.as_str().into_datum()),
             (c"old_shard", shard(old)),
@@ -60,7 +63,7 @@ pub fn record(
             (c"version", bump.version.into_datum()),
             (c"version_at", bump.at.into_datum()),
             (c"changed_at", changed_at.into_datum()),
-            (c"changed_by", changed_by.into_datum()),
+            (c"changed_by", change.changed_by.as_str().into_datum()),
             (c"txid", txid.into_datum()),
         ],
     );

@@ -8,7 +8,7 @@ mod heap;
 mod history;
 pub(crate) mod latest;
 mod moves;
-mod region;
+mod registry;
 mod row;
 pub(crate) mod statement;
 pub mod transition;

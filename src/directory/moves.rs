@@ -4,6 +4,7 @@
 
 use pgrx::prelude::*;
 
+use super::statement;
 use super::transition::{self, EntityKey, Placement, State, Transition};
 use crate::error::{required, spi, SdError};
 use crate::{catalog, privilege};
@@ -81,6 +82,8 @@ fn step(
                     new.target_shard.as_deref().into(),
                 ],
             )?;
+            // The step returns its version: taken now, not at commit.
+            statement::settle();
             // Read back, not RETURNING: RETURNING shows the stamp the row was written with, and
             // the statement stamps it again when another writer took that version first.
             c.select(

@@ -1,20 +1,29 @@
-//! The region rule between two tables: an entry with a region is only placed on (or moved to) a
-//! shard of that region, checked when the entry is written and when the shard's region is
-//! changed. Each side reads the other, and under its own snapshot each would miss the other's
-//! change in flight (an `eu` entry committed on a shard just turned `us`). So both take a lock
-//! on the shard first, the entry's side shared (entries go on alongside each other), the
-//! region's side exclusive, held to commit, and read the other table as it is committed now,
-//! not as their snapshot showed it: whichever comes second sees the first.
+//! The rules between the shard registry (`shards`) and what names its shards: a shard named by
+//! an entry (as its shard or its target) or by an open move stays registered, and where an
+//! entry and its shard both have a region they match. Checked when an entry is written, and
+//! when a shard is removed, renamed or given another region.
+//!
+//! Each side reads the other, and under its own snapshot each would miss the other's change in
+//! flight (an entry committed on a shard just removed, or an `eu` entry on a shard just turned
+//! `us`). So both take a lock on the shard first, the entry's side shared (entries go on
+//! alongside each other), the registry's side exclusive, held to commit, and read the other
+//! table as it is committed now, not as their snapshot showed it: whichever comes second sees
+//! the first. These are the rules, not foreign keys: a parallel `pg_restore` loads the
+//! directory's tables side by side, in no order a key could wait for (pg_dump orders the data of
+//! an extension's tables by their keys, but records no dependency a parallel restore follows),
+//! and a restored entry is taken as its dump had it.
+
+use std::ffi::CStr;
 
 use pgrx::prelude::*;
 
-use super::row::Entry;
+use super::row::{self, Entry};
 use crate::catalog;
 use crate::entity::EntityKey;
 
-/// Takes the region rule's lock on `shard` (as an object: `pg_locks.locktype = 'object'`, on
-/// the registry's OID and the name's hash), until the transaction ends. `exclusive` for a change
-/// of the shard's region.
+/// Takes the lock on `shard` (as an object: `pg_locks.locktype = 'object'`, on the registry's
+/// OID and the name's hash), until the transaction ends: shared to name the shard, `exclusive`
+/// to remove it or change its region.
 pub fn hold(shard: &str, exclusive: bool) {
     let mode = if exclusive {
         pg_sys::ExclusiveLock
@@ -55,10 +64,13 @@ impl Drop for Latest {
     }
 }
 
-/// An entry placed on `shard` (or moving to it) whose own region is not `region`, as committed
-/// now: `(key, its region)`. Read straight from the heap, needing no privilege on the table.
-pub fn misplaced(shard: &str, region: &str) -> Option<(EntityKey, String)> {
-    let relid = catalog::relation(c"shard_directory");
+/// The first answer `visit` gives for a row of `shard_directory.<table>` as committed now. Read
+/// straight from the heap, needing no privilege on the table.
+fn find_committed<R>(
+    table: &'static CStr,
+    mut visit: impl FnMut(pg_sys::HeapTuple, pg_sys::TupleDesc) -> Option<R>,
+) -> Option<R> {
+    let relid = catalog::relation(table);
     let latest = Latest::take();
     // SAFETY: the relation is open under AccessShareLock across the scan; each tuple is read
     // while the scan is on it.
@@ -74,24 +86,75 @@ pub fn misplaced(shard: &str, region: &str) -> Option<(EntityKey, String)> {
             std::ptr::null_mut(),
         );
         let mut found = None;
-        loop {
+        while found.is_none() {
             let tuple = pg_sys::systable_getnext(scan);
             if tuple.is_null() {
                 break;
             }
-            let entry = Entry::read(tuple, (*rel).rd_att);
-            let placed = entry.placement.shard_name == shard
-                || entry.placement.target_shard.as_deref() == Some(shard);
-            match entry.region {
-                Some(own) if placed && own != region => {
-                    found = Some((entry.key, own));
-                    break;
-                }
-                _ => {}
-            }
+            found = visit(tuple, (*rel).rd_att);
         }
         pg_sys::systable_endscan(scan);
         pg_sys::table_close(rel, lock);
         found
     }
+}
+
+/// An entry placed on `shard` (or moving to it) whose own region is not `region`, as committed
+/// now: `(key, its region)`.
+pub fn misplaced(shard: &str, region: &str) -> Option<(EntityKey, String)> {
+    find_committed(c"shard_directory", |tuple, desc| {
+        // SAFETY: a tuple of the scan, which `desc` describes.
+        let entry = unsafe { Entry::read(tuple, desc) };
+        let placed = entry.placement.shard_name == shard
+            || entry.placement.target_shard.as_deref() == Some(shard);
+        match entry.region {
+            Some(own) if placed && own != region => Some((entry.key, own)),
+            _ => None,
+        }
+    })
+}
+
+/// What keeps `shard` registered, as committed now: an entry placed on it or moving to it, or
+/// an open move from or to it. Named as an error message names it.
+pub fn user(shard: &str) -> Option<String> {
+    let entry = find_committed(c"shard_directory", |tuple, desc| {
+        // SAFETY: a tuple of the scan, which `desc` describes.
+        let entry = unsafe { Entry::read(tuple, desc) };
+        let placed = entry.placement.shard_name == shard
+            || entry.placement.target_shard.as_deref() == Some(shard);
+        placed.then(|| format!("the directory entry {}", entry.key))
+    });
+    entry.or_else(|| {
+        find_committed(c"shard_moves", |tuple, desc| {
+            let [id, entity_type, entity_id, source, target, finished] = row::positions(
+                desc,
+                [
+                    c"move_id",
+                    c"entity_type",
+                    c"entity_id",
+                    c"source_shard",
+                    c"target_shard",
+                    c"finished_at",
+                ],
+            );
+            let get = |at: usize| {
+                let mut is_null = false;
+                // SAFETY: a tuple of the scan, which `desc` describes; `at` is one of its
+                // columns, of the type `positions` checked.
+                let datum = unsafe { pg_sys::heap_getattr(tuple, at as i32, desc, &mut is_null) };
+                (!is_null).then_some(datum)
+            };
+            let text = |at| get(at).and_then(|d| unsafe { String::from_datum(d, false) });
+            let open = get(finished).is_none();
+            let named = [text(source), text(target)].contains(&Some(shard.to_owned()));
+            (open && named).then(|| {
+                let id = get(id).and_then(|d| unsafe { i64::from_datum(d, false) });
+                let key = EntityKey {
+                    entity_type: text(entity_type).unwrap_or_default(),
+                    entity_id: text(entity_id).unwrap_or_default(),
+                };
+                format!("the open move {} of {key}", id.unwrap_or_default())
+            })
+        })
+    })
 }

@@ -6,7 +6,7 @@ use pgrx::prelude::*;
 use pgrx::varlena;
 
 use super::transition::{EntityKey, Placement, State};
-use super::{columns, region};
+use super::{columns, registry};
 use crate::catalog;
 use crate::error::{required, spi, SdError};
 
@@ -106,13 +106,10 @@ impl Entry {
             self.placement.target_shard.as_ref(),
         ];
         for shard in named.into_iter().flatten() {
-            // With a region of its own the entry is held to its shards' regions: as they are
-            // committed, and not changed until this transaction ends.
-            let latest = self.region.as_ref().map(|_| {
-                region::hold(shard, false);
-                region::Latest::take()
-            });
-            let found = shard_region(shard, latest.as_ref());
+            // Held until this transaction ends, and read as committed now: the shard is not
+            // removed, nor its region changed, under an entry that names it (`registry`).
+            registry::hold(shard, false);
+            let found = shard_region(shard, &registry::Latest::take());
             match found {
                 None => {
                     return Err(SdError::UnknownShard {
@@ -141,13 +138,12 @@ impl Entry {
 /// The region of the registered shard `shard` (`None`: not registered; `Some(None)`: it has no
 /// region). Read straight through the registry's primary key, not through SQL: it is on every
 /// change's path, and with no statement there is no name or operator to resolve, so it needs
-/// neither the owner's rights nor a pinned `search_path`. It sees what the statement sees (its
-/// snapshot), or what is committed now (`latest`).
-fn shard_region(shard: &str, latest: Option<&region::Latest>) -> Option<Option<String>> {
+/// neither the owner's rights nor a pinned `search_path`. It sees what is committed now.
+fn shard_region(shard: &str, latest: &registry::Latest) -> Option<Option<String>> {
     let relid = catalog::relation(c"shards");
     let key_datum = shard.into_datum().expect("text is never NULL");
     // SAFETY: the relation is opened and closed here under AccessShareLock; the scan key, the
-    // snapshot (the statement's, active while a trigger runs) and the tuple live across their use.
+    // snapshot (registered by the caller) and the tuple live across their use.
     unsafe {
         let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
         let rel = pg_sys::table_open(relid, lock);
@@ -169,7 +165,7 @@ fn shard_region(shard: &str, latest: Option<&region::Latest>) -> Option<Option<S
             rel,
             pg_sys::RelationGetPrimaryKeyIndex(rel),
             true,
-            latest.map_or_else(|| pg_sys::GetActiveSnapshot(), region::Latest::get),
+            latest.get(),
             1,
             &mut key,
         );

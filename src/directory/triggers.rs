@@ -9,7 +9,7 @@ use pgrx::prelude::*;
 use super::row::{self, Entry};
 use super::transition::{self, Transition};
 use super::writer::{self, Writer};
-use super::{heap, history, region, statement};
+use super::{heap, history, registry, statement};
 use crate::error::{spi, SdError};
 use crate::{catalog, guc, privilege, TriggerResult};
 
@@ -97,6 +97,23 @@ fn unchanged(old: &Option<Entry>, new: &Option<Entry>) -> bool {
     matches!((old, new), (Some(o), Some(n)) if o.placement == n.placement && o.region == n.region)
 }
 
+/// Refuses a write of `table` (one of the directory's) in a session whose
+/// `session_replication_role` is `replica`: a logical replication worker's (a subscription
+/// copying the directory), or a superuser's. Their ordinary triggers would not run, and the
+/// directory's rules, versions, history and notifications are made by them. The row guards that
+/// call this fire in that role too (ENABLE ALWAYS).
+pub(super) fn refuse_replica_role(table: &'static str) {
+    let replica = unsafe { pg_sys::SessionReplicationRole }
+        == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32;
+    if replica {
+        SdError::ReplicaWrite {
+            table,
+            logical: unsafe { pg_sys::IsLogicalWorker() },
+        }
+        .raise();
+    }
+}
+
 /// BEFORE STATEMENT: opens the statement's version frame.
 #[pg_trigger]
 fn shard_directory_statement_begin<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
@@ -110,12 +127,12 @@ fn shard_directory_statement_begin<'a>(trigger: &'a PgTrigger<'a>) -> TriggerRes
 }
 
 /// An entry inserted with its version already stamped by the table's owner is a restore (a
-/// `pg_dump` being loaded): it is kept as it was, and the global version rises to cover it.
+/// `pg_dump` being loaded): it is kept as it was, and the global version rises to cover it. Its
+/// shards are taken as the dump had them: a parallel restore may load them after it.
 fn restore(new: &Entry, version: i64) {
     if let Err(e) = transition::check_restore(&new.key, &new.placement) {
         e.raise()
     }
-    new.check_shards().unwrap_or_else(|e| e.raise());
     statement::raise_to(version, None);
 }
 
@@ -124,6 +141,7 @@ fn restore(new: &Entry, version: i64) {
 #[pg_trigger]
 fn shard_directory_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     let relid = own_table(trigger, "shard_directory_guard", c"shard_directory");
+    refuse_replica_role("shard_directory");
     if let (PgTriggerOperation::Insert, (_, Some(row))) = (op(trigger), rows(trigger)) {
         let version = version_of(trigger, Some(row));
         if version > 0 && privilege::current_role_owns(relid) {
@@ -168,8 +186,8 @@ fn shard_directory_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     }))
 }
 
-/// AFTER ROW: the statement's version (the first row takes it), the row stamped again if its
-/// predicted stamp was wrong, and one history row per changed entry, with the transition it made.
+/// AFTER ROW: one history row per changed entry, with the transition it made, and where the
+/// entry was written: both wait for the statement's version (`statement`).
 #[pg_trigger]
 fn shard_directory_record_history<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     own_table(
@@ -188,23 +206,17 @@ fn shard_directory_record_history<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResu
     if unchanged(&old, &new) {
         return Ok(None);
     }
-    let bump = statement::current();
     let (_, written) = rows(trigger);
-    if let Some(row) = written.filter(|_| version_of(trigger, written) != bump.version) {
-        // SAFETY: the trigger's row is valid for the call; its t_self is where it was written.
-        let tid = unsafe { (*row).t_self };
-        heap::rewrite_own_row(
-            trigger.trigger_data().tg_relation,
-            tid,
-            &[(c"version", bump.version.into_datum())],
-        );
-    }
-    history::record(
-        old.as_ref(),
-        &new,
-        transition,
-        bump,
-        &privilege::role_name(privilege::current_role()),
+    // SAFETY: the trigger's row is valid for the call; its t_self is where it was written.
+    let row = written.map(|row| (unsafe { (*row).t_self }, version_of(trigger, Some(row))));
+    statement::record(
+        row,
+        history::Change {
+            old,
+            new,
+            transition,
+            changed_by: privilege::role_name(privilege::current_role()),
+        },
     );
     Ok(None)
 }
@@ -243,6 +255,7 @@ fn shard_directory_version_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResul
         "shard_directory_version_guard",
         c"shard_directory_version",
     );
+    refuse_replica_role("shard_directory_version");
     match op(trigger) {
         PgTriggerOperation::Update => {
             // Any update of the row (a DBA's by hand too) is ordered with the bumps.
@@ -278,6 +291,7 @@ fn shard_directory_history_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResul
         "shard_directory_history_guard",
         c"shard_directory_history",
     );
+    refuse_replica_role("shard_directory_history");
     let (allowed, name) = match op(trigger) {
         PgTriggerOperation::Insert => (privilege::current_role_owns(relid), "INSERT"),
         PgTriggerOperation::Delete => (writer::writing(Writer::Purge), "DELETE"),
@@ -292,34 +306,42 @@ fn shard_directory_history_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResul
         .map(PgHeapTuple::into_owned))
 }
 
-/// BEFORE UPDATE on `shards`: a shard's new region must still hold every entry placed on it (or
-/// moving to it) that has a region of its own.
+/// BEFORE UPDATE or DELETE on `shards`: a shard stays registered, under its name, while an
+/// entry or an open move names it; its new region must still hold every entry placed on it (or
+/// moving to it) that has a region of its own (`registry`).
 #[pg_trigger]
-fn shards_region_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
-    own_table(trigger, "shards_region_guard", c"shards");
-    let region_of = |t: Option<PgHeapTuple<'a, pgrx::AllocatedByPostgres>>| {
-        t.and_then(|t| spi("region", t.get_by_name::<String>("region")))
+fn shards_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
+    own_table(trigger, "shards_guard", c"shards");
+    let column = |t: Option<PgHeapTuple<'a, pgrx::AllocatedByPostgres>>, name: &str| {
+        t.and_then(|t| spi("read shards", t.get_by_name::<String>(name)))
     };
-    let shard = trigger
-        .new()
-        .and_then(|t| spi("shard_name", t.get_by_name::<String>("shard_name")))
-        .unwrap_or_default();
-    if let Some(new_region) =
-        region_of(trigger.new()).filter(|r| Some(r) != region_of(trigger.old()).as_ref())
-    {
-        // Entries being written on this shard hold it shared until they commit: waits for them,
-        // then reads them as committed (`region`).
-        region::hold(&shard, true);
-        let misplaced = region::misplaced(&shard, &new_region);
-        if let Some((entity, entity_region)) = misplaced {
-            SdError::RegionMismatch {
-                entity,
-                entity_region,
-                shard,
-                shard_region: new_region,
-            }
-            .raise();
+    let shard = column(trigger.old(), "shard_name").unwrap_or_default();
+    let new_name = column(trigger.new(), "shard_name");
+    if new_name.as_ref() != Some(&shard) {
+        // Removed or renamed. Entries being written on this shard hold it shared until they
+        // commit: waits for them, then reads what names it as committed.
+        registry::hold(&shard, true);
+        if let Some(user) = registry::user(&shard) {
+            SdError::ShardInUse { shard, user }.raise();
         }
     }
-    Ok(trigger.new().map(PgHeapTuple::into_owned))
+    let new_region = column(trigger.new(), "region");
+    if let (Some(new_region), Some(shard)) = (new_region, new_name) {
+        if Some(&new_region) != column(trigger.old(), "region").as_ref() {
+            registry::hold(&shard, true);
+            if let Some((entity, entity_region)) = registry::misplaced(&shard, &new_region) {
+                SdError::RegionMismatch {
+                    entity,
+                    entity_region,
+                    shard,
+                    shard_region: new_region,
+                }
+                .raise();
+            }
+        }
+    }
+    Ok(trigger
+        .new()
+        .or_else(|| trigger.old())
+        .map(PgHeapTuple::into_owned))
 }

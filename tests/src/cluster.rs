@@ -457,6 +457,11 @@ impl Cluster {
         (out.status.success(), text)
     }
 
+    /// A path inside the cluster's folder (removed with it), for files a test writes: a dump.
+    pub fn scratch_path(&self, name: &str) -> PathBuf {
+        self.root.join(name)
+    }
+
     /// The server log, for diagnosing a failure.
     pub fn server_log(&self) -> String {
         fs::read_to_string(self.root.join("server.log")).unwrap_or_default()

@@ -36,14 +36,24 @@ pub fn run(cluster: &Cluster, db: &str, args: &[&str]) -> String {
     text
 }
 
-/// The TPS of a pgbench report.
-pub fn tps(report: &str) -> f64 {
+/// The first word after `prefix` on a line of a pgbench report, parsed.
+fn reported<T: std::str::FromStr>(report: &str, prefix: &str) -> Option<T> {
     report
         .lines()
-        .find_map(|l| l.strip_prefix("tps = "))
+        .find_map(|l| l.strip_prefix(prefix))
         .and_then(|l| l.split_whitespace().next())
         .and_then(|v| v.parse().ok())
-        .expect("tps in pgbench output")
+}
+
+/// The TPS of a pgbench report.
+pub fn tps(report: &str) -> f64 {
+    reported(report, "tps = ").expect("tps in pgbench output")
+}
+
+/// The failed transactions of a pgbench report (deadlocks and serialization failures, which
+/// pgbench counts instead of stopping the client).
+pub fn failed(report: &str) -> u64 {
+    reported(report, "number of failed transactions: ").unwrap_or(0)
 }
 
 pub fn median(mut v: Vec<f64>) -> f64 {
@@ -64,6 +74,7 @@ pub fn compare(
     rounds: usize,
 ) -> Vec<Vec<f64>> {
     let mut results: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+    let mut failures: Vec<Vec<u64>> = vec![Vec::new(); variants.len()];
     for _ in 0..rounds {
         for (i, (_, script)) in variants.iter().enumerate() {
             let report = run(
@@ -84,13 +95,19 @@ pub fn compare(
                 ],
             );
             results[i].push(tps(&report));
+            failures[i].push(failed(&report));
         }
     }
     let base = median(results[0].clone());
-    for ((variant, _), r) in variants.iter().zip(&results) {
+    for (((variant, _), r), f) in variants.iter().zip(&results).zip(&failures) {
         let m = median(r.clone());
+        let failed = if f.iter().any(|f| *f > 0) {
+            format!("   failed (deadlocks): {f:?}")
+        } else {
+            String::new()
+        };
         println!(
-            "{title:>10} {variant:<16} {m:>9.0} tps  {:>5.2}x of {}   rounds: {:?}",
+            "{title:>10} {variant:<16} {m:>9.0} tps  {:>5.2}x of {}   rounds: {:?}{failed}",
             m / base,
             variants[0].0,
             r.iter().map(|v| v.round() as i64).collect::<Vec<_>>()

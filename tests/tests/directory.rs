@@ -292,8 +292,9 @@ async fn a_statement_waiting_for_an_entry_does_not_deadlock_with_its_holder_and_
     );
 }
 
-/// A statement that expected the version of a writer still in flight (one past it) gets that
-/// writer's version when it rolls back: its row is stamped again, and no version is skipped.
+/// A statement that expected the version of a writer holding the version lock (one past it)
+/// gets that writer's version when it rolls back: its row is stamped again, and no version is
+/// skipped.
 #[tokio::test]
 async fn a_statement_that_expected_a_version_past_a_rolled_back_writer_is_stamped_again() {
     for settings in EITHER {
@@ -307,10 +308,9 @@ async fn expected_a_version_past_a_rolled_back_writer(settings: &[(&str, &str)])
     let second_pid = pid(&second).await;
     let before = version(&first).await;
 
+    // A move step takes its version at once, and holds the lock until its transaction ends.
     first
-        .batch_execute(
-            "BEGIN; UPDATE shard_directory.shard_directory SET region = 'eu' WHERE entity_id = '8842'",
-        )
+        .batch_execute("BEGIN; SELECT shard_directory.begin_move('tenant', '8842', 'shard_2')")
         .await
         .unwrap();
     let racer = tokio::spawn(async move {
@@ -345,11 +345,14 @@ async fn expected_a_version_past_a_rolled_back_writer(settings: &[(&str, &str)])
     assert_eq!(version(&first).await, got);
 }
 
-/// Writers race, each changing one or two random entries per statement: statements stamp their
-/// rows with the version they expect and take the lock at their end, so many are stamped again.
-/// Whatever the interleaving, every statement gets one version, versions go up by one with no
-/// gap, listeners hear them in order, and each entry and its history carry the version of the
-/// statement that last changed it.
+/// Writers race, each transaction changing random entries in one to three statements:
+/// statements stamp their rows with the version they expect and take the lock at their
+/// transaction's commit, so many are stamped again. Whatever the interleaving, no transaction
+/// is a deadlock victim (each changes its entries in key order, so their row locks alone cannot
+/// deadlock; taken at each statement's end, the version lock did: the first statement's lock was
+/// held while the second waited for a row), every statement gets one version, versions go up by
+/// one with no gap, listeners hear them in order, and each entry and its history carry the
+/// version of the statement that last changed it.
 #[tokio::test]
 async fn racing_writers_leave_one_version_per_statement_in_commit_order() {
     for settings in EITHER {
@@ -359,12 +362,12 @@ async fn racing_writers_leave_one_version_per_statement_in_commit_order() {
 
 async fn racing_writers(settings: &[(&str, &str)]) {
     const WRITERS: usize = 4;
-    const STATEMENTS: usize = 150;
+    const TRANSACTIONS: usize = 75;
     const ENTRIES: usize = 20;
     let (cluster, c) = directory_with(settings).await;
     c.batch_execute(&format!(
         "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) \
-         SELECT 'tenant', 'r' || g, 'shard_1' FROM generate_series(1, {ENTRIES}) g"
+         SELECT 'tenant', 'r' || lpad(g::text, 2, '0'), 'shard_1' FROM generate_series(1, {ENTRIES}) g"
     ))
     .await
     .unwrap();
@@ -391,30 +394,42 @@ async fn racing_writers(settings: &[(&str, &str)]) {
                 .await
                 .unwrap();
             let mut rng = fastrand::Rng::with_seed(w as u64);
-            let mut rows = 0;
-            for _ in 0..STATEMENTS {
-                let ids: Vec<String> = (0..rng.usize(1..=2))
-                    .map(|_| format!("r{}", rng.usize(1..=ENTRIES)))
+            let (mut rows, mut statements) = (0, 0);
+            for _ in 0..TRANSACTIONS {
+                // Distinct entries in key order, split over the transaction's statements.
+                let count = rng.usize(1..=3);
+                let mut ids: Vec<String> = (0..count + rng.usize(0..=2))
+                    .map(|_| format!("r{:02}", rng.usize(1..=ENTRIES)))
                     .collect();
-                rows += client
-                    .execute(
-                        "UPDATE shard_directory.shard_directory \
-                         SET region = CASE WHEN region IS NULL THEN 'eu' END \
-                         WHERE entity_type = 'tenant' AND entity_id = ANY($1)",
-                        &[&ids],
-                    )
-                    .await
-                    .unwrap();
+                ids.sort();
+                ids.dedup();
+                client.batch_execute("BEGIN").await?;
+                for part in ids.chunks(ids.len().div_ceil(count)) {
+                    rows += client
+                        .execute(
+                            "UPDATE shard_directory.shard_directory \
+                             SET region = CASE WHEN region IS NULL THEN 'eu' END \
+                             WHERE entity_type = 'tenant' AND entity_id = ANY($1)",
+                            &[&part],
+                        )
+                        .await?;
+                    statements += 1;
+                }
+                client.batch_execute("COMMIT").await?;
             }
-            rows
+            Ok::<_, tokio_postgres::Error>((rows, statements))
         }));
     }
-    let mut rows = 0;
+    let (mut rows, mut statements) = (0, 0i64);
     for w in writers {
-        rows += w.await.unwrap();
+        let (r, s) = w
+            .await
+            .unwrap()
+            .expect("no transaction is a deadlock victim");
+        rows += r;
+        statements += s;
     }
 
-    let statements = (WRITERS * STATEMENTS) as i64;
     let after = version(&c).await;
     assert_eq!(
         after,
@@ -731,10 +746,11 @@ async fn heard(listener: &mut Listener, n: usize) -> Vec<i64> {
     versions
 }
 
-/// A statement that failed inside a savepoint (after its version was bumped) takes its frame
-/// with it: the next statement at the same level bumps, locks and notifies on its own, and a
-/// writer racing it waits on the version lock and gets the next version, not the same one.
-/// Nested savepoints and a PL/pgSQL EXCEPTION block's loop too, preloaded and not.
+/// A statement that failed inside a savepoint (after its change was recorded) takes its frame
+/// with it: the next statement at the same level gets a version of its own at commit, and a
+/// writer that committed in between gets another, not the same one; the failed change is in no
+/// history and no notification. Nested savepoints and a PL/pgSQL EXCEPTION block's loop too,
+/// preloaded and not.
 #[tokio::test]
 async fn a_statement_after_a_rolled_back_savepoint_gets_its_own_version_and_notification() {
     for settings in EITHER {
@@ -748,7 +764,6 @@ async fn after_a_rolled_back_savepoint(settings: &[(&str, &str)]) {
     readme_roles(&dba).await;
     let first = connect_as(&cluster, "directory_writer").await;
     let second = connect_as(&cluster, "directory_writer").await;
-    let second_pid = pid(&second).await;
     let mut listener = listening(&cluster).await;
     let before = version(&dba).await;
 
@@ -763,25 +778,23 @@ async fn after_a_rolled_back_savepoint(settings: &[(&str, &str)]) {
         .batch_execute(&format!("ROLLBACK TO SAVEPOINT s; {}", toggle("8842")))
         .await
         .unwrap();
-    let racer = tokio::spawn(async move { second.batch_execute(&toggle("9")).await });
-    blocked_on(
-        &first,
-        second_pid,
-        VERSION_LOCK,
-        "the racing writer to wait on the version lock the savepoint's next statement holds",
-    )
-    .await;
-    first.batch_execute("COMMIT").await.unwrap();
-    tokio::time::timeout(DEADLINE, racer)
+    // The second writer expects the same version as the first and commits before it, waiting
+    // for nothing the first holds.
+    tokio::time::timeout(DEADLINE, second.batch_execute(&toggle("9")))
         .await
-        .expect("the racing writer finishes")
-        .unwrap()
+        .expect("the second writer waits for no lock of the first")
         .unwrap();
+    first.batch_execute("COMMIT").await.unwrap();
     let (one, two) = (before + 1, before + 2);
     assert_eq!(heard(&mut listener, 2).await, [one, two]);
-    let expected = vec![("8842".to_string(), one), ("9".to_string(), two)];
     let (entries, history) = stamps(&dba, before).await;
-    assert_eq!((&entries, &history), (&expected, &expected));
+    assert_eq!(
+        (entries, history),
+        (
+            vec![("8842".to_string(), two), ("9".to_string(), one)],
+            vec![("9".to_string(), one), ("8842".to_string(), two)]
+        )
+    );
 
     // Nested: the inner savepoint's failure leaves the outer one's change and the next alone.
     first
@@ -825,10 +838,95 @@ async fn after_a_rolled_back_savepoint(settings: &[(&str, &str)]) {
     assert_eq!(version(&dba).await, six);
 }
 
+/// A move step takes its version at once, and with it the versions of its transaction's
+/// earlier statements, in order. In a savepoint rolled back, those bumps are undone with the
+/// step (their stamps, history and notifications too) and the earlier statements get their
+/// versions at commit; in a savepoint released, they stay. Preloaded and not.
+#[tokio::test]
+async fn a_step_in_a_rolled_back_savepoint_leaves_the_earlier_statements_to_the_commit() {
+    for settings in EITHER {
+        step_in_a_savepoint(settings).await;
+    }
+}
+
+async fn step_in_a_savepoint(settings: &[(&str, &str)]) {
+    let (cluster, c) = directory_with(settings).await;
+    c.batch_execute(
+        "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) \
+         VALUES ('tenant', '9', 'shard_1')",
+    )
+    .await
+    .unwrap();
+    let mut listener = listening(&cluster).await;
+    let step = "SELECT shard_directory.begin_move('tenant', '7', 'shard_2')";
+    for release in [false, true] {
+        let before = version(&c).await;
+        c.batch_execute(&format!("BEGIN; {}; SAVEPOINT s", toggle("8842")))
+            .await
+            .unwrap();
+        let stepped: i64 = c.query_one(step, &[]).await.unwrap().get(0);
+        assert_eq!(stepped, before + 2, "after the earlier statement's version");
+        let end = if release { "RELEASE" } else { "ROLLBACK TO" };
+        c.batch_execute(&format!("{end} SAVEPOINT s; {}; COMMIT", toggle("9")))
+            .await
+            .unwrap();
+        let (one, two, three) = (before + 1, before + 2, before + 3);
+        let s = |id: &str, v: i64| (id.to_string(), v);
+        let (entries, history) = stamps(&c, before).await;
+        if release {
+            assert_eq!(heard(&mut listener, 3).await, [one, two, three]);
+            assert_eq!(entries, [s("7", two), s("8842", one), s("9", three)]);
+            assert_eq!(history, [s("8842", one), s("7", two), s("9", three)]);
+        } else {
+            assert_eq!(heard(&mut listener, 2).await, [one, two]);
+            assert_eq!(entries, [s("8842", one), s("9", two)]);
+            assert_eq!(history, [s("8842", one), s("9", two)]);
+        }
+    }
+}
+
+/// A prepared transaction cannot notify, and a directory change gets its version at commit:
+/// preparing a transaction that changed the directory is refused (0A000, saying so), whether
+/// its change waits for the commit or a move step took its version already, and nothing of it
+/// remains.
+#[tokio::test]
+async fn preparing_a_transaction_that_changed_the_directory_is_refused() {
+    let (_cluster, c) = directory_with(&[("max_prepared_transactions", "2")]).await;
+    let before = (version(&c).await, stamps(&c, 0).await);
+    for change in [
+        toggle("8842"),
+        "SELECT shard_directory.freeze('tenant', '8842')".into(),
+    ] {
+        let e = c
+            .batch_execute(&format!("BEGIN; {change}; PREPARE TRANSACTION 'p'"))
+            .await
+            .unwrap_err();
+        let db = e.as_db_error().unwrap_or_else(|| panic!("{e:?}"));
+        assert_eq!(
+            db.code(),
+            &SqlState::FEATURE_NOT_SUPPORTED,
+            "{change}: {db}"
+        );
+        assert!(
+            db.message()
+                .contains("changed shard_directory.shard_directory cannot be prepared"),
+            "{db}"
+        );
+        let prepared: i64 = c
+            .query_one("SELECT count(*) FROM pg_prepared_xacts", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(prepared, 0);
+    }
+    assert_eq!((version(&c).await, stamps(&c, 0).await), before);
+}
+
 /// A column of the directory's tables altered by hand to another type is refused (42804,
 /// naming it and its table, with the statement that gives its type back) before any row is
 /// read or written raw: no crash (every session of the cluster would be ended), no pointer
-/// stamped as a version. Each case is rolled back; the directory works afterwards.
+/// stamped as a version. Each case is rolled back (a commit that fails rolls back); the
+/// directory works afterwards.
 #[tokio::test]
 async fn a_column_altered_to_another_type_is_refused_before_it_is_read() {
     let (_cluster, c) = directory().await;
@@ -853,8 +951,10 @@ async fn a_column_altered_to_another_type_is_refused_before_it_is_read() {
         ))
         .await
         .unwrap_or_else(|e| panic!("{table}.{column}: {e}"));
+        // Refused by the statement (the entry's own columns) or by its commit (the version and
+        // history, written when the change gets its version).
         let e = c
-            .batch_execute(CHANGE)
+            .batch_execute(&format!("{CHANGE}; COMMIT"))
             .await
             .expect_err(&format!("{table}.{column}"));
         let db = e.as_db_error().unwrap_or_else(|| panic!("{e:?}"));
@@ -918,70 +1018,84 @@ async fn every_directory_read_works_on_a_hot_standby() {
     assert_eq!(reads(&s).await, on_primary);
 }
 
-/// A wait on the region rule's lock on a shard.
-const REGION_LOCK: &str = "locktype = 'object' AND classid = 'shard_directory.shards'::regclass";
+/// A wait on the registry's lock on a shard.
+const SHARD_LOCK: &str = "locktype = 'object' AND classid = 'shard_directory.shards'::regclass";
 
-/// An entry written while its shard's region changes: each side read the other under its own
-/// snapshot, and an `eu` entry committed on a shard just turned `us`. Now whichever comes
-/// second waits for the first and is refused (23514), in either order, as it is when the two
-/// run one after the other.
+/// An entry written while its shard's region changes, or while its shard leaves the registry:
+/// each side read the other under its own snapshot, and an `eu` entry committed on a shard just
+/// turned `us`. Now whichever comes second waits for the first and is refused (23514 for the
+/// region, 23503 for the removal), in either order, as it is when the two run one after the
+/// other; no entry is left on a shard of another region or on no shard.
 #[tokio::test]
-async fn an_entry_and_its_shards_region_changing_at_once_cannot_both_commit() {
+async fn an_entry_and_its_shards_registry_change_at_once_cannot_both_commit() {
     let (cluster, dba) = directory().await;
     readme_roles(&dba).await;
-    let region_change = |shard: &str| {
-        format!("UPDATE shard_directory.shards SET region = 'us' WHERE shard_name = '{shard}'")
-    };
+    dba.batch_execute("GRANT DELETE ON shard_directory.shards TO dba")
+        .await
+        .unwrap();
     let insert = |id: &str, shard: &str| {
         format!(
             "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name, region) \
              VALUES ('tenant', '{id}', '{shard}', 'eu')"
         )
     };
-    for region_first in [true, false] {
-        let shard = if region_first { "shard_2" } else { "shard_1" };
-        // A writer adds the entry, a DBA changes the region: README's roles, nothing more.
-        let (first_role, second_role) = if region_first {
-            ("dba", "directory_writer")
-        } else {
-            ("directory_writer", "dba")
-        };
-        let first = connect_as(&cluster, first_role).await;
-        let second = connect_as(&cluster, second_role).await;
-        let second_pid = pid(&second).await;
-        let (first_sql, second_sql) = if region_first {
-            (region_change(shard), insert("eu-1", shard))
-        } else {
-            (insert("eu-2", shard), region_change(shard))
-        };
-        first
-            .batch_execute(&format!("BEGIN; {first_sql}"))
+    let cases = [
+        (
+            "UPDATE shard_directory.shards SET region = 'us' WHERE shard_name = '{shard}'",
+            SqlState::CHECK_VIOLATION,
+        ),
+        (
+            "DELETE FROM shard_directory.shards WHERE shard_name = '{shard}'",
+            SqlState::FOREIGN_KEY_VIOLATION,
+        ),
+    ];
+    let mut n = 0;
+    for (registry_change, refused_with) in cases {
+        for registry_first in [true, false] {
+            n += 1;
+            let shard = format!("race_{n}");
+            dba.batch_execute(&format!(
+                "INSERT INTO shard_directory.shards (shard_name, region) VALUES ('{shard}', 'eu')"
+            ))
             .await
             .unwrap();
-        let racer = tokio::spawn(async move { second.batch_execute(&second_sql).await });
-        blocked_on(
-            &dba,
-            second_pid,
-            REGION_LOCK,
-            "the second side to wait for the first on the region rule's lock",
-        )
-        .await;
-        first.batch_execute("COMMIT").await.unwrap();
-        let refused = tokio::time::timeout(DEADLINE, racer)
-            .await
-            .expect("the second side finishes")
-            .unwrap()
-            .unwrap_err();
-        assert_eq!(
-            refused.code(),
-            Some(&SqlState::CHECK_VIOLATION),
-            "{refused}"
-        );
+            let registry_change = registry_change.replace("{shard}", &shard);
+            let insert = insert(&format!("eu-{n}"), &shard);
+            // A writer adds the entry, a DBA changes the registry: README's roles, nothing more.
+            let ((first_role, first_sql), (second_role, second_sql)) = if registry_first {
+                (("dba", registry_change), ("directory_writer", insert))
+            } else {
+                (("directory_writer", insert), ("dba", registry_change))
+            };
+            let first = connect_as(&cluster, first_role).await;
+            let second = connect_as(&cluster, second_role).await;
+            let second_pid = pid(&second).await;
+            first
+                .batch_execute(&format!("BEGIN; {first_sql}"))
+                .await
+                .unwrap();
+            let racer = tokio::spawn(async move { second.batch_execute(&second_sql).await });
+            blocked_on(
+                &dba,
+                second_pid,
+                SHARD_LOCK,
+                "the second side to wait for the first on the shard's lock",
+            )
+            .await;
+            first.batch_execute("COMMIT").await.unwrap();
+            let refused = tokio::time::timeout(DEADLINE, racer)
+                .await
+                .expect("the second side finishes")
+                .unwrap()
+                .unwrap_err();
+            assert_eq!(refused.code(), Some(&refused_with), "{refused}");
+        }
     }
     let misplaced: i64 = dba
         .query_one(
             "SELECT count(*) FROM shard_directory.shard_directory d \
-             JOIN shard_directory.shards s USING (shard_name) WHERE d.region <> s.region",
+             LEFT JOIN shard_directory.shards s USING (shard_name) \
+             WHERE s.shard_name IS NULL OR d.region <> s.region",
             &[],
         )
         .await
@@ -990,27 +1104,128 @@ async fn an_entry_and_its_shards_region_changing_at_once_cannot_both_commit() {
     assert_eq!(misplaced, 0);
 }
 
-/// `session_replication_role = replica` (a superuser's setting) keeps the directory's row
-/// triggers from firing: a change went through unchecked, unversioned and unrecorded. It is
-/// refused (55000, naming the trigger that would not run) and changes nothing.
+/// `session_replication_role = replica` (a superuser's setting, and every logical replication
+/// worker's) keeps the directory's ordinary triggers from firing: a change went through
+/// unchecked, unversioned and unrecorded. A change of any of the directory's tables is refused
+/// there (0A000, naming the table and the setting) and changes nothing.
 #[tokio::test]
 async fn a_change_with_replication_role_replica_is_refused() {
     let (_cluster, c) = directory().await;
     let before = (version(&c).await, stamps(&c, 0).await);
-    let e = c
-        .batch_execute(&format!(
-            "BEGIN; SET LOCAL session_replication_role = replica; {}",
-            toggle("8842")
+    for (table, change) in [
+        ("shard_directory", toggle("8842")),
+        (
+            "shard_directory_version",
+            "UPDATE shard_directory.shard_directory_version SET version = version + 1".into(),
+        ),
+        (
+            "shard_directory_history",
+            "DELETE FROM shard_directory.shard_directory_history".into(),
+        ),
+    ] {
+        let e = c
+            .batch_execute(&format!(
+                "BEGIN; SET LOCAL session_replication_role = replica; {change}"
+            ))
+            .await
+            .unwrap_err();
+        let db = e.as_db_error().unwrap();
+        assert_eq!(db.code(), &SqlState::FEATURE_NOT_SUPPORTED, "{db}");
+        assert!(
+            db.message()
+                .contains(&format!("shard_directory.{table} cannot be written"))
+                && db.message().contains("session_replication_role = replica"),
+            "{db}"
+        );
+        c.batch_execute("ROLLBACK").await.unwrap();
+    }
+    assert_eq!((version(&c).await, stamps(&c, 0).await), before);
+}
+
+/// A subscription copying the directory (a read copy in another region, as one publishes a
+/// table) is refused, and says so: its initial copy failed for ever on the copy's own version
+/// row, and its apply wrote entries that no rule checked, with no version, history or
+/// notification of the copy's own. The initial copy and the apply of a change each stop on the
+/// directory's guard (0A000, naming logical replication and what to use instead), and the copy's
+/// tables are left as they were.
+#[tokio::test]
+async fn a_logical_replication_copy_of_the_directory_is_refused() {
+    let (publisher, p) = directory_with(&[("wal_level", "logical")]).await;
+    p.batch_execute(
+        "CREATE PUBLICATION directory FOR TABLE shard_directory.shard_directory, \
+         shard_directory.shard_directory_version, shard_directory.shard_directory_history",
+    )
+    .await
+    .unwrap();
+    let subscriber = Cluster::start(
+        "dir-subscriber",
+        &[("wal_retrieve_retry_interval", "200ms")],
+    );
+    let mut copies = Vec::new();
+    for (db, copy_data) in [("copy", true), ("apply", false)] {
+        subscriber.create_database_with_extension(db).await;
+        let s = subscriber.connect(db).await;
+        s.batch_execute(&format!(
+            "CREATE SUBSCRIPTION {db} CONNECTION '{}' PUBLICATION directory \
+             WITH (copy_data = {copy_data})",
+            publisher.conn_str("directory")
         ))
         .await
-        .unwrap_err();
-    let db = e.as_db_error().unwrap();
-    assert_eq!(
-        db.code(),
-        &SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
-        "{db}"
-    );
-    assert!(db.message().contains("shard_directory_guard"), "{db}");
-    c.batch_execute("ROLLBACK").await.unwrap();
-    assert_eq!((version(&c).await, stamps(&c, 0).await), before);
+        .unwrap();
+        copies.push((db, s));
+    }
+    // A change for the apply to carry.
+    p.batch_execute(&toggle("8842")).await.unwrap();
+
+    // The initial copy of the version table stops on its guard (the copies of the other tables
+    // too), the apply of the change on the entries' guard.
+    let refused =
+        |table: &str| format!("shard_directory.{table} cannot be written by logical replication");
+    eventually("both workers refused", DEADLINE, || async {
+        let log = subscriber.server_log();
+        let both = ["shard_directory_version", "shard_directory"]
+            .iter()
+            .all(|t| log.contains(&refused(t)));
+        (both && log.contains("physical standbys")).then_some(())
+    })
+    .await;
+    for (db, s) in &copies {
+        let counter = if *db == "copy" {
+            "sync_error_count"
+        } else {
+            "apply_error_count"
+        };
+        // Counted by the worker as it exits, just after it logs the error.
+        eventually(&format!("{db}: {counter}"), DEADLINE, || async {
+            let errors: i64 = s
+                .query_one(
+                    &format!("SELECT {counter} FROM pg_stat_subscription_stats WHERE subname = $1"),
+                    &[db],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            (errors > 0).then_some(())
+        })
+        .await;
+        let copied: (i64, i64, i64) = {
+            let r = s
+                .query_one(
+                    "SELECT (SELECT count(*) FROM shard_directory.shard_directory), \
+                            (SELECT count(*) FROM shard_directory.shard_directory_history), \
+                            shard_directory.current_version()",
+                    &[],
+                )
+                .await
+                .unwrap();
+            (r.get(0), r.get(1), r.get(2))
+        };
+        assert_eq!(copied, (0, 0, 0), "{db}: the copy's tables as they were");
+        s.batch_execute(&format!(
+            "ALTER SUBSCRIPTION {db} DISABLE; ALTER SUBSCRIPTION {db} SET (slot_name = NONE); \
+             DROP SUBSCRIPTION {db}"
+        ))
+        .await
+        .unwrap();
+    }
 }

@@ -1,6 +1,7 @@
-//! Issue 8, item 15: a plain `pg_dump | psql` of a directory database and of a shard restores
-//! entries (mid-move ones too), version, history, shards and moves, and on a shard
-//! `min_accepted` and the fences. The version never goes backwards.
+//! A dump of a directory database and of a shard, restored as DBAs restore them (`pg_dump |
+//! psql`, `pg_restore -j`, schema then data, section by section), keeps entries (mid-move ones
+//! too), version, history, shards and moves, and on a shard `min_accepted` and the fences. The
+//! version never goes backwards.
 
 use std::process::Stdio;
 
@@ -20,11 +21,28 @@ async fn rows(c: &Client, table: &str) -> Vec<String> {
     .collect()
 }
 
+/// The directory's tables.
+const DIRECTORY_TABLES: [&str; 5] = [
+    "shards",
+    "shard_directory",
+    "shard_directory_version",
+    "shard_directory_history",
+    "shard_moves",
+];
+
+/// Runs `command`, asserting it succeeds.
+fn run(command: &mut std::process::Command) {
+    let out = command.output().expect("run a client program");
+    assert!(
+        out.status.success(),
+        "{command:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// `pg_dump source | psql target` (stopping at the first error), as a DBA would.
 fn dump_and_restore(cluster: &Cluster, source: &str, target: &str) {
-    let mut createdb = cluster.client_command("createdb");
-    createdb.arg(target);
-    assert!(createdb.status().unwrap().success());
+    run(cluster.client_command("createdb").arg(target));
     let dump = cluster
         .client_command("pg_dump")
         .arg(source)
@@ -53,11 +71,8 @@ fn dump_and_restore(cluster: &Cluster, source: &str, target: &str) {
     );
 }
 
-#[tokio::test]
-async fn a_plain_dump_round_trip_keeps_the_directory_and_the_shard_state() {
-    let cluster = Cluster::start("dump", &[]);
-    cluster.create_database_with_extension("directory").await;
-    let d = cluster.connect("directory").await;
+/// Shards, entries (one mid-move, one frozen, one moved, one deleted) and a move record.
+async fn seed_directory(d: &Client) {
     d.batch_execute(
         "SET search_path = shard_directory;
          INSERT INTO shards (shard_name, region, conninfo) VALUES
@@ -74,6 +89,14 @@ async fn a_plain_dump_round_trip_keeps_the_directory_and_the_shard_state() {
     )
     .await
     .unwrap();
+}
+
+#[tokio::test]
+async fn a_plain_dump_round_trip_keeps_the_directory_and_the_shard_state() {
+    let cluster = Cluster::start("dump", &[]);
+    cluster.create_database_with_extension("directory").await;
+    let d = cluster.connect("directory").await;
+    seed_directory(&d).await;
     cluster.create_database_with_extension("shard").await;
     let s = cluster.connect("shard").await;
     s.batch_execute(
@@ -89,13 +112,7 @@ async fn a_plain_dump_round_trip_keeps_the_directory_and_the_shard_state() {
     dump_and_restore(&cluster, "shard", "shard_restored");
 
     let r = cluster.connect("directory_restored").await;
-    for table in [
-        "shards",
-        "shard_directory",
-        "shard_directory_version",
-        "shard_directory_history",
-        "shard_moves",
-    ] {
+    for table in DIRECTORY_TABLES {
         assert_eq!(rows(&r, table).await, rows(&d, table).await, "{table}");
     }
     let rs = cluster.connect("shard_restored").await;
@@ -141,4 +158,82 @@ async fn a_plain_dump_round_trip_keeps_the_directory_and_the_shard_state() {
         err.code(),
         Some(&tokio_postgres::error::SqlState::T_R_SERIALIZATION_FAILURE)
     );
+}
+
+/// A parallel `pg_restore` loads the directory's tables side by side, in no order: entries
+/// before the shards they name, moves before their shards (pg_dump orders the data of an
+/// extension's tables by their foreign keys but records no dependency a parallel restore
+/// follows). It failed in most runs (`directory entry tenant/0 names unknown shard`) and left
+/// the directory without its entries. Every way a DBA restores a custom or directory archive
+/// keeps every row, and the restored directory carries on from the dumped version.
+#[tokio::test]
+async fn parallel_and_sectioned_restores_keep_the_whole_directory() {
+    let cluster = Cluster::start("dump-parallel", &[]);
+    cluster.create_database_with_extension("directory").await;
+    let d = cluster.connect("directory").await;
+    seed_directory(&d).await;
+    // Enough rows that no table's load is over before the others start.
+    d.batch_execute(
+        "INSERT INTO shard_directory.shards (shard_name) SELECT 'more_' || g FROM generate_series(1, 50) g;
+         INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name)
+             SELECT 'account', g::text, 'more_' || (g % 50 + 1) FROM generate_series(1, 5000) g",
+    )
+    .await
+    .unwrap();
+    let mut expected = Vec::new();
+    for table in DIRECTORY_TABLES {
+        expected.push(rows(&d, table).await);
+    }
+    let dumped: i64 = d
+        .query_one("SELECT shard_directory.current_version()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let custom = cluster.scratch_path("directory.dump");
+    let directory = cluster.scratch_path("directory.dir");
+    let (custom, directory) = (custom.to_str().unwrap(), directory.to_str().unwrap());
+    run(cluster
+        .client_command("pg_dump")
+        .args(["-Fc", "-f", custom, "directory"]));
+    run(cluster
+        .client_command("pg_dump")
+        .args(["-Fd", "-j", "2", "-f", directory, "directory"]));
+
+    let ways: [(&str, &[&[&str]]); 6] = [
+        ("parallel_1", &[&["-j", "4", custom]]),
+        ("parallel_2", &[&["-j", "4", custom]]),
+        ("parallel_3", &[&["-j", "4", custom]]),
+        ("parallel_directory", &[&["-j", "4", directory]]),
+        (
+            "schema_then_data",
+            &[&["--schema-only", custom], &["--data-only", custom]],
+        ),
+        (
+            "sections",
+            &[
+                &["--section=pre-data", custom],
+                &["--section=data", "-j", "4", custom],
+                &["--section=post-data", custom],
+            ],
+        ),
+    ];
+    for (db, runs) in ways {
+        run(cluster.client_command("createdb").arg(db));
+        for args in runs {
+            run(cluster
+                .client_command("pg_restore")
+                .args(["--exit-on-error", "-d", db])
+                .args(*args));
+        }
+        let r = cluster.connect(db).await;
+        for (table, expected) in DIRECTORY_TABLES.iter().zip(&expected) {
+            assert_eq!(&rows(&r, table).await, expected, "{db}: {table}");
+        }
+        let next: i64 = r
+            .query_one("SELECT shard_directory.complete_move('tenant', '3')", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(next, dumped + 1, "{db}");
+    }
 }

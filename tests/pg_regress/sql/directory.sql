@@ -42,6 +42,10 @@ SELECT begin_move('tenant', '8842', 'shard_3');
 SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
 SELECT current_version();
 
+-- a shard an entry names stays registered
+DELETE FROM shards WHERE shard_name = 'shard_2';
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+
 -- a move that is called off
 SELECT begin_move('tenant', '17', 'shard_1');
 SELECT abort_move('tenant', '17');

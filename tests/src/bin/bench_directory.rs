@@ -6,6 +6,12 @@
 //! The library is preloaded, as README recommends: a statement then expects its version from
 //! shared memory instead of reading the version row.
 //!
+//! Then two entries changed per transaction, one statement each, among 50 hot entries, at 2 and
+//! 12 clients: the plain table, the guide's trigger and the extension, with the transactions
+//! each lost to a deadlock (the guide's trigger, and the extension before it took its versions
+//! at commit, locked the version row at the first statement's end and held it while the second
+//! waited for rows).
+//!
 //! Run with `bash scripts/bench.sh directory` (installs a release build first).
 
 use shard_directory_e2e::{pgbench, Cluster};
@@ -37,6 +43,20 @@ async fn main() {
             "{title:>10} extension / guide, paired round by round: {:.2}x; extension / rules: {:.2}x",
             pgbench::paired(extension, guide),
             pgbench::paired(extension, rules),
+        );
+    }
+    let two: Vec<_> = ["plain", "guide", "extension"]
+        .iter()
+        .map(|v| (*v, pgbench::script(&format!("directory_update2_{v}.sql"))))
+        .collect();
+    println!("two entries' UPDATEs per transaction (50 hot entries), median TPS");
+    for clients in ["2", "12"] {
+        let title = format!("{clients} clients");
+        let tps = pgbench::compare(&cluster, "bench", &title, &two, clients, &seconds, rounds);
+        println!(
+            "{title:>10} extension / guide, paired round by round: {:.2}x; extension / plain: {:.2}x",
+            pgbench::paired(&tps[2], &tps[1]),
+            pgbench::paired(&tps[2], &tps[0]),
         );
     }
 }
