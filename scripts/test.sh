@@ -10,6 +10,7 @@ log=$(mktemp /tmp/sd-test-log.XXXXXX)
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
 # #[pg_test]s: cargo-pgrx starts its own cluster. Postgres will not run as root.
 pgdata=$(mktemp -d /tmp/sd-pgrx-test.XXXXXX)

@@ -11,6 +11,8 @@
 //! privilege is checked: these are the extension's own writes, made for a writer who holds no
 //! privilege on these tables.
 
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 use std::cell::Cell;
 use std::ffi::CStr;
 
@@ -45,15 +47,18 @@ struct Table(pg_sys::Relation);
 
 impl Table {
     fn open(relid: pg_sys::Oid) -> Table {
+        // SAFETY: an OID of the extension's tables; an error is raised, not returned.
         Table(unsafe { pg_sys::table_open(relid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE) })
     }
 
     /// Opened for reading only (`AccessShareLock`: a standby grants no other).
     fn open_to_read(relid: pg_sys::Oid) -> Table {
+        // SAFETY: as for `open`.
         Table(unsafe { pg_sys::table_open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) })
     }
 
     fn relid(&self) -> pg_sys::Oid {
+        // SAFETY: the relation is open while `self` lives.
         unsafe { (*self.0).rd_id }
     }
 
@@ -68,11 +73,13 @@ impl Table {
     /// The position (from 1) of column `name`; an error naming it when the table has none, or
     /// when it is not of the type it is read and written as.
     fn attnum(&self, name: &CStr) -> i32 {
+        // SAFETY: the open relation's descriptor and a NUL-terminated name.
         let attnum = unsafe { pg_sys::SPI_fnumber((*self.0).rd_att, name.as_ptr()) };
         if attnum <= 0 {
             self.broken(format!("no column {name:?}"));
         }
         columns::check(
+            // SAFETY: the open relation's descriptor.
             unsafe { (*self.0).rd_att },
             &self.attributes()[attnum as usize - 1],
         );
@@ -99,11 +106,13 @@ impl Table {
         let mut values = Vec::with_capacity(self.attributes().len());
         let mut nulls = Vec::with_capacity(self.attributes().len());
         for (i, attr) in self.attributes().iter().enumerate() {
+            // SAFETY: an attribute's name is NUL-terminated within its fixed-size field.
             let name = unsafe { CStr::from_ptr(attr.attname.data.as_ptr()) };
             let given = columns.iter().find(|(c, _)| *c == name).map(|(_, v)| *v);
             let value = match given {
                 _ if attr.attisdropped => None,
                 Some(value) => {
+                    // SAFETY: the open relation's descriptor.
                     columns::check(unsafe { (*self.0).rd_att }, attr);
                     value
                 }
@@ -146,6 +155,7 @@ impl Table {
     /// `tuple` is a valid tuple of this table.
     unsafe fn get(&self, tuple: pg_sys::HeapTuple, name: &CStr) -> Option<pg_sys::Datum> {
         let mut is_null = false;
+        // SAFETY: the caller's tuple is this table's; the position is one of its columns.
         let datum = unsafe {
             pg_sys::heap_getattr(tuple, self.attnum(name), (*self.0).rd_att, &mut is_null)
         };
@@ -161,6 +171,7 @@ impl Table {
             .iter()
             .map(|(name, value)| (self.attnum(name) as usize, *value))
             .collect();
+        // SAFETY: the caller's tuple is this table's; the positions are its columns'.
         unsafe { modified(tuple, (*self.0).rd_att, &at) }
     }
 
@@ -171,11 +182,13 @@ impl Table {
             _ => {
                 // Found through pg_depend: a scan worth doing once per backend, not per row. A
                 // table made anew (the extension re-created) has a new OID, so a new lookup.
+                // SAFETY: plain values; a column without a sequence raises an error.
                 let sequence = unsafe { pg_sys::getIdentitySequence(column.0, column.1, false) };
                 IDENTITY.set(Some((column, sequence)));
                 sequence
             }
         };
+        // SAFETY: a sequence's OID; an ERROR is turned into a Rust panic by the guard.
         let value =
             unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| nextval_internal(sequence, false)) };
         pg_sys::Datum::from(value)
@@ -191,6 +204,7 @@ pub unsafe fn modified(
     desc: pg_sys::TupleDesc,
     columns: &[(usize, Option<pg_sys::Datum>)],
 ) -> pg_sys::HeapTuple {
+    // SAFETY: the caller's descriptor is valid.
     let natts = unsafe { (*desc).natts } as usize;
     let (mut values, mut nulls, mut replace) = (
         vec![pg_sys::Datum::from(0); natts],
@@ -203,6 +217,8 @@ pub unsafe fn modified(
         nulls[i] = value.is_none();
         replace[i] = true;
     }
+    // SAFETY: the caller's tuple is described by `desc`; the arrays have one element per
+    // attribute.
     unsafe {
         pg_sys::heap_modify_tuple(
             tuple,
@@ -242,12 +258,14 @@ impl Indexes {
 
 impl Drop for Indexes {
     fn drop(&mut self) {
+        // SAFETY: opened by `Indexes::open`, closed once.
         unsafe { pg_sys::CatalogCloseIndexes(self.0) }
     }
 }
 
 impl Drop for Table {
     fn drop(&mut self) {
+        // SAFETY: opened by `Table::open`, closed once; its lock is kept to the transaction's end.
         unsafe { pg_sys::table_close(self.0, pg_sys::NoLock as pg_sys::LOCKMODE) }
     }
 }
@@ -334,6 +352,7 @@ impl Executor {
     /// # Safety
     /// `tuple` is a valid tuple of the executor's table.
     unsafe fn check(&self, tuple: pg_sys::HeapTuple) {
+        // SAFETY: the caller's tuple is the table's; the slot and the state are this executor's.
         unsafe {
             pg_sys::ExecStoreHeapTuple(tuple, self.slot, false);
             pg_sys::ExecConstraints(self.info, self.slot, self.estate);
@@ -347,6 +366,7 @@ impl Executor {
     /// `tuple` is a valid tuple of the executor's table, just written; the executor was made
     /// with its indexes.
     unsafe fn insert_index_entries(&self, tuple: pg_sys::HeapTuple) {
+        // SAFETY: as for `check`; the indexes were opened with the executor.
         unsafe {
             pg_sys::ExecStoreHeapTuple(tuple, self.slot, false);
             pg_sys::ExecInsertIndexTuples(
@@ -364,6 +384,7 @@ impl Executor {
 
 impl Drop for Executor {
     fn drop(&mut self) {
+        // SAFETY: made by `Executor::new`, freed once, in the reverse order.
         unsafe {
             pg_sys::ExecDropSingleTupleTableSlot(self.slot);
             if self.indexes {
@@ -390,6 +411,8 @@ unsafe fn with_singleton<R>(
     hint: Option<pg_sys::ItemPointerData>,
     f: impl FnOnce(pg_sys::HeapTuple) -> R,
 ) -> R {
+    // SAFETY: the relation is open; a buffer read is released before returning, and a scan
+    // ended; the tuple handed to `f` lives while it runs.
     unsafe {
         if let Some(tid) = hint {
             let (block, _) = pgrx::itemptr::item_pointer_get_both(tid);

@@ -26,6 +26,8 @@
 //! made for its parent's frames (the bump, the stamps and the history it wrote are rolled back
 //! with it; they are made again at commit).
 
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 use std::cell::{Cell, RefCell};
 
 use pgrx::prelude::*;
@@ -100,6 +102,7 @@ thread_local! {
 }
 
 fn nest_level() -> i32 {
+    // SAFETY: reads the backend's transaction state.
     unsafe { pg_sys::GetCurrentTransactionNestLevel() }
 }
 
@@ -131,6 +134,7 @@ fn require_triggers(relation: pg_sys::Relation) {
     };
     for needed in NEEDED {
         let fires = triggers.iter().any(|t| {
+            // SAFETY: a trigger's name is a NUL-terminated string of the descriptor's.
             let name = unsafe { std::ffi::CStr::from_ptr(t.tgname) };
             let enabled = t.tgenabled as u8;
             name == needed
@@ -160,6 +164,7 @@ pub fn begin(relation: pg_sys::Relation) {
         require_triggers(relation);
         FRAMES.with_borrow_mut(|frames| {
             frames.push(Frame {
+                // SAFETY: the trigger's relation, open while it runs.
                 table: unsafe { (*relation).rd_id },
                 level,
                 open: 1,
@@ -315,6 +320,7 @@ fn version_table() -> pg_sys::Oid {
 /// and autovacuum never wait for it. Returns the version table's OID.
 pub fn lock_versions() -> pg_sys::Oid {
     let relid = version_table();
+    // SAFETY: plain values; PostgreSQL releases the lock when the transaction ends.
     unsafe {
         pg_sys::LockDatabaseObject(
             pg_sys::RelationRelationId,
@@ -336,6 +342,7 @@ fn predict(after: Option<i64>) -> i64 {
             // Not preloaded: the newest version row, and whether a writer is changing it.
             let table = "shard_directory_version";
             let (version, pending) = heap::peek_singleton(version_table(), table, c"version");
+            // SAFETY: the version column is a bigint (`heap` checks its type), passed by value.
             let Some(version) = version.and_then(|d| unsafe { i64::from_datum(d, false) }) else {
                 SdError::SingletonMissing { table }.raise()
             };
@@ -352,6 +359,8 @@ fn bump() -> Bump {
     let relid = lock_versions();
     let hint = latest::row();
     let (bump, row) = heap::update_singleton(relid, "shard_directory_version", hint, |read| {
+        // SAFETY: both columns are passed by value (a bigint, a timestamptz), of the types
+        // `heap` checks.
         let get = |name| unsafe { read(name).and_then(|d| i64::from_datum(d, false)) };
         let (Some(version), Some(at)) = (get(c"version"), get(c"updated_at")) else {
             SdError::SingletonMissing {
@@ -360,6 +369,7 @@ fn bump() -> Bump {
             .raise()
         };
         // Never before the previous bump's time: version_at follows version order.
+        // SAFETY: reads the clock.
         let at = at.max(unsafe { pg_sys::GetCurrentTimestamp() });
         let bump = Bump {
             version: version + 1,

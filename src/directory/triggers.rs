@@ -2,6 +2,8 @@
 //! `transition`, the version in `statement`, history in `history`. Each refuses to run on any
 //! table but its own.
 
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 use std::ffi::CStr;
 
 use pgrx::prelude::*;
@@ -17,6 +19,7 @@ use crate::{catalog, guc, privilege, TriggerResult};
 pub(super) fn now() -> TimestampWithTimeZone {
     spi(
         "transaction start",
+        // SAFETY: reads the transaction's start time.
         TimestampWithTimeZone::try_from(unsafe { pg_sys::GetCurrentTransactionStartTimestamp() }),
     )
 }
@@ -29,6 +32,7 @@ fn op(trigger: &PgTrigger<'_>) -> PgTriggerOperation {
 fn own_table(trigger: &PgTrigger<'_>, function: &'static str, table: &'static CStr) -> pg_sys::Oid {
     let relation = trigger.trigger_data().tg_relation;
     catalog::require_own_table(relation, function, table);
+    // SAFETY: the trigger's relation, open while it runs.
     unsafe { (*relation).rd_id }
 }
 
@@ -40,6 +44,7 @@ fn version_of(trigger: &PgTrigger<'_>, row: Option<pg_sys::HeapTuple>) -> i64 {
     let mut is_null = false;
     // SAFETY: `row` is one of the trigger's rows, which `desc` describes.
     let datum = unsafe { pg_sys::heap_getattr(row, at as i32, desc, &mut is_null) };
+    // SAFETY: `positions` checked the column is a bigint, passed by value.
     unsafe { i64::from_datum(datum, is_null) }.unwrap_or(0)
 }
 
@@ -58,6 +63,7 @@ fn rows(trigger: &PgTrigger<'_>) -> (Option<pg_sys::HeapTuple>, Option<pg_sys::H
 
 /// The descriptor of the trigger's table.
 fn desc(trigger: &PgTrigger<'_>) -> pg_sys::TupleDesc {
+    // SAFETY: the trigger's relation, open while it runs.
     unsafe { (*trigger.trigger_data().tg_relation).rd_att }
 }
 
@@ -103,11 +109,13 @@ fn unchanged(old: &Option<Entry>, new: &Option<Entry>) -> bool {
 /// directory's rules, versions, history and notifications are made by them. The row guards that
 /// call this fire in that role too (ENABLE ALWAYS).
 pub(super) fn refuse_replica_role(table: &'static str) {
+    // SAFETY: reads a setting of the backend's.
     let replica = unsafe { pg_sys::SessionReplicationRole }
         == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32;
     if replica {
         SdError::ReplicaWrite {
             table,
+            // SAFETY: reads the backend's worker state.
             logical: unsafe { pg_sys::IsLogicalWorker() },
         }
         .raise();
@@ -233,10 +241,18 @@ fn notify_directory_change<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> 
 /// (directory) or drop every fence at once (shard).
 #[pg_trigger]
 fn shard_directory_refuse_truncate<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
-    let relid = unsafe { (*trigger.trigger_data().tg_relation).rd_id };
-    let schema = unsafe { pg_sys::get_namespace_oid(c"shard_directory".as_ptr(), true) };
+    // SAFETY: the trigger's relation, open while it runs; the catalog lookups take plain values
+    // and a NUL-terminated name.
+    let (relid, schema, namespace) = unsafe {
+        let relid = (*trigger.trigger_data().tg_relation).rd_id;
+        (
+            relid,
+            pg_sys::get_namespace_oid(c"shard_directory".as_ptr(), true),
+            pg_sys::get_rel_namespace(relid),
+        )
+    };
     let table = catalog::relation_name(relid);
-    if unsafe { pg_sys::get_rel_namespace(relid) } != schema {
+    if namespace != schema {
         SdError::TriggerMisused {
             function: "shard_directory_refuse_truncate",
             table,
