@@ -27,6 +27,7 @@ bash scripts/install-extension.sh
 cargo build -p shard-directory-mover --bin shard-directory
 # --show-output: the proof prints its counts (acked, retried by reason, moves, freeze, the kill).
 cargo test -p shard-directory-e2e -p shard-directory-client -p shard-directory-mover \
+  -p shard-directory-protocol --features shard-directory-protocol/serde \
   -- --show-output 2>&1 | tee -a "$log"
 
 # The loom model of the client cache's invariant (client/src/cache.rs, `loom_model`): a build of

@@ -1,23 +1,16 @@
-//! The identity both roles talk about: `(entity_type, entity_id)`.
+//! The identity both roles talk about: `(entity_type, entity_id)` (the protocol's
+//! [`EntityKey`]), as SQL functions take it and as the check borrows it.
 
-use std::fmt;
+pub use shard_directory_protocol::EntityKey;
 
 use crate::error::required;
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct EntityKey {
-    pub entity_type: String,
-    pub entity_id: String,
-}
-
-impl EntityKey {
-    /// From a SQL function's `(entity_type, entity_id)` arguments; NULL is an error.
-    pub fn from_args(entity_type: Option<&str>, entity_id: Option<&str>) -> EntityKey {
-        EntityKey {
-            entity_type: required(entity_type, "entity_type").to_owned(),
-            entity_id: required(entity_id, "entity_id").to_owned(),
-        }
-    }
+/// The key a SQL function's `(entity_type, entity_id)` arguments name; NULL is an error.
+pub fn key_of(entity_type: Option<&str>, entity_id: Option<&str>) -> EntityKey {
+    EntityKey::new(
+        required(entity_type, "entity_type"),
+        required(entity_id, "entity_id"),
+    )
 }
 
 /// An entity named by borrowed strings: the check looks fences up without allocating, and makes
@@ -37,18 +30,12 @@ impl EntityRef<'_> {
     }
 }
 
-impl EntityKey {
-    pub fn as_ref(&self) -> EntityRef<'_> {
+impl<'a> From<&'a EntityKey> for EntityRef<'a> {
+    fn from(key: &'a EntityKey) -> EntityRef<'a> {
         EntityRef {
-            entity_type: &self.entity_type,
-            entity_id: &self.entity_id,
+            entity_type: &key.entity_type,
+            entity_id: &key.entity_id,
         }
-    }
-}
-
-impl fmt::Display for EntityKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.entity_type, self.entity_id)
     }
 }
 

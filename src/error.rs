@@ -6,6 +6,8 @@ use std::fmt;
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 
+use shard_directory_protocol::refusal::Reason;
+
 use crate::directory::transition::Placement;
 use crate::entity::EntityKey;
 
@@ -231,15 +233,50 @@ pub enum SdError {
     },
 }
 
+/// What an SPI call or a column read can fail with: a value of another type than the one read
+/// (42804), or anything else (55000), told by the error's kind, never by its text.
+pub trait Cause: fmt::Display {
+    fn is_datatype(&self) -> bool;
+}
+
+impl Cause for pgrx::spi::SpiError {
+    fn is_datatype(&self) -> bool {
+        matches!(self, pgrx::spi::SpiError::DatumError(_))
+    }
+}
+
+impl Cause for pgrx::datum::TryFromDatumError {
+    fn is_datatype(&self) -> bool {
+        true
+    }
+}
+
+/// Not about a value's type: a problem the extension describes itself (a column missing), a
+/// time out of range, a trigger called as something else, a number that does not parse.
+macro_rules! other_causes {
+    ($($t:ty),*) => {
+        $(impl Cause for $t {
+            fn is_datatype(&self) -> bool {
+                false
+            }
+        })*
+    };
+}
+other_causes!(
+    String,
+    pgrx::datetime::FromTimeError,
+    pgrx::PgTriggerError,
+    std::num::ParseIntError
+);
+
 /// The value of an SPI call or column read, or an error naming the step: never a Rust panic,
 /// which PostgreSQL would report as XX000 with Rust's text.
-pub fn spi<T, E: fmt::Display>(during: &'static str, result: Result<T, E>) -> T {
+pub fn spi<T, E: Cause>(during: &'static str, result: Result<T, E>) -> T {
     result.unwrap_or_else(|e| {
-        let cause = e.to_string();
         SdError::Spi {
             during,
-            datatype: cause.contains("Datum error") || cause.contains("type"),
-            cause,
+            datatype: e.is_datatype(),
+            cause: e.to_string(),
         }
         .raise()
     })
@@ -251,31 +288,26 @@ pub fn required<T>(value: Option<T>, what: &'static str) -> T {
     value.unwrap_or_else(|| SdError::NullValue { what }.raise())
 }
 
-/// Why a request was refused, as the client sees it in the DETAIL (JSON) and `stats()` counts it.
+/// What `stats()` counts a refused request as: a refusal's reason (the protocol's, as the
+/// client reads it in the DETAIL), or a client's bad setting (22023).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rejection {
-    Stale,
-    Missing,
-    Frozen,
-    Moved,
+    Refused(Reason),
     Invalid,
 }
 
 impl Rejection {
     pub const ALL: [Rejection; 5] = [
-        Rejection::Stale,
-        Rejection::Missing,
-        Rejection::Frozen,
-        Rejection::Moved,
+        Rejection::Refused(Reason::Stale),
+        Rejection::Refused(Reason::Missing),
+        Rejection::Refused(Reason::Frozen),
+        Rejection::Refused(Reason::Moved),
         Rejection::Invalid,
     ];
 
     pub fn as_str(self) -> &'static str {
         match self {
-            Rejection::Stale => "stale",
-            Rejection::Missing => "missing",
-            Rejection::Frozen => "frozen",
-            Rejection::Moved => "moved",
+            Rejection::Refused(reason) => reason.as_str(),
             Rejection::Invalid => "invalid",
         }
     }
@@ -357,46 +389,66 @@ impl SdError {
     /// The rejection a shard-side check counts this error as, if it is one.
     pub fn rejection(&self) -> Option<Rejection> {
         match self {
-            Self::StaleDirectory { client: None, .. } => Some(Rejection::Missing),
-            Self::StaleDirectory { .. } | Self::StaleEntity { .. } => Some(Rejection::Stale),
-            Self::EntityFrozen { .. } => Some(Rejection::Frozen),
-            Self::EntityMoved { .. } => Some(Rejection::Moved),
+            Self::StaleDirectory { client: None, .. } => Some(Rejection::Refused(Reason::Missing)),
+            Self::StaleDirectory { .. } | Self::StaleEntity { .. } => {
+                Some(Rejection::Refused(Reason::Stale))
+            }
+            Self::EntityFrozen { .. } => Some(Rejection::Refused(Reason::Frozen)),
+            Self::EntityMoved { .. } => Some(Rejection::Refused(Reason::Moved)),
             Self::InvalidSetting { .. } | Self::PartialEntity { .. } => Some(Rejection::Invalid),
             _ => None,
         }
     }
 
     pub fn detail(&self) -> Option<String> {
-        use serde_json::json;
-        let entity_json = |e: &EntityKey| (e.entity_type.clone(), e.entity_id.clone());
+        use shard_directory_protocol::refusal::Detail;
+        let of = |entity: &EntityKey, reason| Detail {
+            entity_type: Some(entity.entity_type.clone()),
+            entity_id: Some(entity.entity_id.clone()),
+            ..Detail::new(reason)
+        };
+        // The DETAIL of a refusal is one JSON object, for clients to parse (the protocol's).
+        let refusal = match self {
+            Self::StaleDirectory { client, minimum } => Some(Detail {
+                client_version: Some(*client),
+                min_accepted: Some(*minimum),
+                ..Detail::new(if client.is_some() {
+                    Reason::Stale
+                } else {
+                    Reason::Missing
+                })
+            }),
+            Self::StaleEntity {
+                entity,
+                client,
+                minimum,
+            } => Some(Detail {
+                client_version: Some(*client),
+                min_version: Some(*minimum),
+                ..of(entity, Reason::Stale)
+            }),
+            Self::EntityFrozen { entity } => Some(of(entity, Reason::Frozen)),
+            Self::EntityMoved {
+                entity,
+                moved_to,
+                version,
+                client,
+            } => Some(Detail {
+                client_version: Some(*client),
+                moved_to: Some(moved_to.clone()),
+                version: Some(*version),
+                ..of(entity, Reason::Moved)
+            }),
+            Self::TruncateFenced { entity, fence, .. } => Some(Detail {
+                fence: Some((*fence).to_owned()),
+                ..of(entity, Reason::TruncateFenced)
+            }),
+            _ => None,
+        };
+        if let Some(detail) = refusal {
+            return Some(serde_json::to_string(&detail).expect("a refusal serializes"));
+        }
         match self {
-            // The DETAIL of a 40001 is one JSON object, for clients to parse (documented in README).
-            Self::StaleDirectory { client, minimum } => Some(
-                json!({"reason": self.rejection().map(Rejection::as_str), "client_version": client, "min_accepted": minimum})
-                    .to_string(),
-            ),
-            Self::StaleEntity { entity, client, minimum } => {
-                let (t, id) = entity_json(entity);
-                Some(
-                    json!({"reason": "stale", "entity_type": t, "entity_id": id, "client_version": client, "min_version": minimum})
-                        .to_string(),
-                )
-            }
-            Self::EntityFrozen { entity } => {
-                let (t, id) = entity_json(entity);
-                Some(json!({"reason": "frozen", "entity_type": t, "entity_id": id}).to_string())
-            }
-            Self::EntityMoved { entity, moved_to, version, client } => {
-                let (t, id) = entity_json(entity);
-                Some(
-                    json!({"reason": "moved", "entity_type": t, "entity_id": id, "moved_to": moved_to, "version": version, "client_version": client})
-                        .to_string(),
-                )
-            }
-            Self::TruncateFenced { entity, fence, .. } => {
-                let (t, id) = entity_json(entity);
-                Some(json!({"reason": "truncate_fenced", "entity_type": t, "entity_id": id, "fence": fence}).to_string())
-            }
             Self::InvalidTransition { from, to, .. } => Some(format!(
                 "The move state machine has no step from {} to {} with this shard and target.",
                 from.state, to.state

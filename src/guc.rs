@@ -3,6 +3,7 @@
 use std::ffi::{CStr, CString};
 
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
+use shard_directory_protocol::setting;
 
 use crate::entity::EntityRef;
 use crate::error::SdError;
@@ -27,17 +28,17 @@ static APP_ENTITY_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>
 pub fn init() {
     for (name, short, setting) in [
         (
-            c"app.directory_version",
+            setting::DIRECTORY_VERSION.as_c_str(),
             c"The directory version the client routed this transaction with.",
             &APP_DIRECTORY_VERSION,
         ),
         (
-            c"app.entity_type",
+            setting::ENTITY_TYPE.as_c_str(),
             c"The type of the entity this transaction works on (with app.entity_id).",
             &APP_ENTITY_TYPE,
         ),
         (
-            c"app.entity_id",
+            setting::ENTITY_ID.as_c_str(),
             c"The id of the entity this transaction works on (with app.entity_type).",
             &APP_ENTITY_ID,
         ),
@@ -53,7 +54,7 @@ pub fn init() {
         );
     }
     GucRegistry::define_bool_guc(
-        c"shard_directory.allow_repoint",
+        setting::ALLOW_REPOINT.as_c_str(),
         c"Permit a direct re-point of a directory entry, bypassing the move state machine.",
         c"Emergency use only: SET LOCAL shard_directory.allow_repoint = on in the transaction that \
           re-points. History records such changes as 'repoint'.",
@@ -63,7 +64,7 @@ pub fn init() {
         GucFlags::default(),
     );
     GucRegistry::define_int_guc(
-        c"shard_directory.fence_wait_timeout",
+        setting::FENCE_WAIT_TIMEOUT.as_c_str(),
         c"How long a fence change or raise_min_accepted waits for checked transactions in flight.",
         c"Checked transactions that start meanwhile queue behind it, so the wait is bounded: past it \
           the change fails with SQLSTATE 55P03 naming the blocking backends.",

@@ -1,32 +1,10 @@
 //! What the directory says about one entity.
 
-use std::fmt;
-
 use serde::{Deserialize, Serialize};
 
 use crate::name::Name;
 
-/// `(entity_type, entity_id)`: the directory's key.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct EntityKey {
-    /// What kind of entity: `tenant`, `account`, `region`, ...
-    pub entity_type: String,
-    /// Its identifier, as text.
-    pub entity_id: String,
-}
-
-impl EntityKey {
-    /// ```
-    /// let key = shard_directory_client::EntityKey::new("tenant", "8842");
-    /// assert_eq!(key.to_string(), "tenant/8842");
-    /// ```
-    pub fn new(entity_type: impl Into<String>, entity_id: impl Into<String>) -> Self {
-        EntityKey {
-            entity_type: entity_type.into(),
-            entity_id: entity_id.into(),
-        }
-    }
-}
+pub use shard_directory_protocol::EntityKey;
 
 /// An [`EntityKey`] borrowed from two `&str`: a cache hit looks up with it and allocates
 /// nothing. Hashes as the cache's key does (`crate::cache_key`).
@@ -65,62 +43,7 @@ impl AsKeyRef for KeyRef<'_> {
     }
 }
 
-impl fmt::Display for EntityKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.entity_type, self.entity_id)
-    }
-}
-
-/// The entry's routing state, as in `shard_directory.state`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum State {
-    /// Reads and writes go to `shard_name`.
-    Active,
-    /// Being copied to `target_shard`: reads go to both, writes to `shard_name`.
-    Migrating,
-    /// Cutover (or maintenance) running: writes are refused, retryably.
-    ReadOnly,
-}
-
-impl State {
-    /// As `shard_directory.state` spells it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            State::Active => "active",
-            State::Migrating => "migrating",
-            State::ReadOnly => "read_only",
-        }
-    }
-}
-
-impl fmt::Display for State {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A `state` value this crate does not know.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown directory entry state \"{0}\"")]
-pub struct UnknownState(pub String);
-
-impl std::str::FromStr for State {
-    type Err = UnknownState;
-
-    /// ```
-    /// use shard_directory_client::State;
-    /// assert_eq!("read_only".parse::<State>(), Ok(State::ReadOnly));
-    /// assert!("paused".parse::<State>().is_err());
-    /// ```
-    fn from_str(s: &str) -> Result<State, UnknownState> {
-        [State::Active, State::Migrating, State::ReadOnly]
-            .into_iter()
-            .find(|state| state.as_str() == s)
-            .ok_or_else(|| UnknownState(s.to_owned()))
-    }
-}
+pub use shard_directory_protocol::{State, UnknownState};
 
 /// One directory entry, as read at `directory_version`. Small and `Copy`: a cache hit hands out
 /// a copy, with no allocation and no reference count; the caller knows the key it asked for.

@@ -78,11 +78,11 @@ pub use native_tls;
 pub use policy::Policy;
 pub use rejection::Rejection;
 pub use router::{Reads, RetryPolicy, Router, ShardConfig, TxOptions};
+pub use shard_directory_protocol::WATCHER_APPLICATION_NAME;
 #[cfg(feature = "redis")]
 pub use shared_cache::SharedCacheConfig;
 pub use statements::Statements;
 pub use tokio_postgres::IsolationLevel;
-pub use watcher::APPLICATION_NAME as WATCHER_APPLICATION_NAME;
 
 /// The README's examples, compiled as doc tests.
 #[cfg(doctest)]

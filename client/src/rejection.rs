@@ -1,9 +1,9 @@
-//! Reading a shard's 40001: the extension puts a JSON object in the DETAIL
-//! (`{"reason":"moved","moved_to":"shard_2","version":42,...}`).
+//! Reading a shard's 40001: the extension puts a JSON object in the DETAIL (the protocol's
+//! `refusal::Detail`: `{..."moved_to":"shard_2","reason":"moved","version":42}`).
 
 use std::fmt;
 
-use serde::Deserialize;
+use shard_directory_protocol::refusal::{Detail, Reason};
 use tokio_postgres::error::SqlState;
 
 /// Why a shard refused a transaction.
@@ -35,13 +35,14 @@ pub enum Rejection {
 }
 
 impl Rejection {
-    /// The label used in metrics and stats.
+    /// The label used in metrics and stats: the refusal's reason, or `serialization` and
+    /// `other`.
     pub fn reason(&self) -> &'static str {
         match self {
-            Rejection::Stale { .. } => "stale",
-            Rejection::Missing => "missing",
-            Rejection::Frozen => "frozen",
-            Rejection::Moved { .. } => "moved",
+            Rejection::Stale { .. } => Reason::Stale.as_str(),
+            Rejection::Missing => Reason::Missing.as_str(),
+            Rejection::Frozen => Reason::Frozen.as_str(),
+            Rejection::Moved { .. } => Reason::Moved.as_str(),
             Rejection::Serialization => "serialization",
             Rejection::Other(_) => "other",
         }
@@ -53,24 +54,18 @@ impl Rejection {
         if db.code() != &SqlState::T_R_SERIALIZATION_FAILURE {
             return None;
         }
-        #[derive(Deserialize)]
-        struct Detail {
-            reason: String,
-            moved_to: Option<String>,
-            version: Option<i64>,
-            min_accepted: Option<i64>,
-            min_version: Option<i64>,
-        }
         let detail: Option<Detail> = db.detail().and_then(|d| serde_json::from_str(d).ok());
         Some(match detail {
-            Some(d) => match (d.reason.as_str(), d.moved_to, d.version) {
-                ("moved", Some(moved_to), Some(version)) => Rejection::Moved { moved_to, version },
-                ("frozen", ..) => Rejection::Frozen,
-                ("missing", ..) => Rejection::Missing,
-                ("stale", ..) => Rejection::Stale {
+            Some(d) => match (d.reason(), d.moved_to, d.version) {
+                (Some(Reason::Moved), Some(moved_to), Some(version)) => {
+                    Rejection::Moved { moved_to, version }
+                }
+                (Some(Reason::Frozen), ..) => Rejection::Frozen,
+                (Some(Reason::Missing), ..) => Rejection::Missing,
+                (Some(Reason::Stale), ..) => Rejection::Stale {
                     minimum: d.min_accepted.or(d.min_version),
                 },
-                (other, ..) => Rejection::Other(other.to_owned()),
+                _ => Rejection::Other(d.reason),
             },
             None => Rejection::Serialization,
         })

@@ -5,7 +5,7 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, LazyLock, RwLock};
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
@@ -180,39 +180,40 @@ impl<T> Reads<T> {
     }
 }
 
-/// The client's version and entity for the shard's check, set for this transaction only.
-/// `$4`, the milliseconds the attempt has left, bounds its statements and any idle time in the
-/// transaction (a stricter `statement_timeout` of the session's stays).
-macro_rules! settings {
-    () => {
-        "set_config('app.directory_version', $1, true), \
-         set_config('app.entity_type', $2, true), set_config('app.entity_id', $3, true), \
+/// The client's version and entity for the shard's check (the protocol's settings), set for
+/// this transaction only. `$4`, the milliseconds the attempt has left, bounds its statements and
+/// any idle time in the transaction (a stricter `statement_timeout` of the session's stays).
+fn settings() -> String {
+    use shard_directory_protocol::setting::{DIRECTORY_VERSION, ENTITY_ID, ENTITY_TYPE};
+    format!(
+        "set_config('{DIRECTORY_VERSION}', $1, true), \
+         set_config('{ENTITY_TYPE}', $2, true), set_config('{ENTITY_ID}', $3, true), \
          set_config('statement_timeout', CASE WHEN current_setting('statement_timeout') <> '0' \
              AND current_setting('statement_timeout')::interval <= ($4 || ' ms')::interval \
              THEN current_setting('statement_timeout') ELSE $4 END, true), \
          set_config('idle_in_transaction_session_timeout', $4, true)"
-    };
+    )
 }
 
-/// The settings, and the check `$check` run on them in the same statement (the subquery,
+/// The settings, and the check `check` run on them in the same statement (the subquery,
 /// volatile, so not flattened, sets them first).
-macro_rules! stamp_and {
-    ($check:literal) => {
-        concat!("SELECT ", $check, " FROM (SELECT ", settings!(), ") stamp")
-    };
+fn stamp_and(check: &str) -> String {
+    format!("SELECT {check} FROM (SELECT {}) stamp", settings())
 }
 
 /// An unchecked read's stamp: the settings alone.
-const STAMP: &str = concat!("SELECT ", settings!());
+static STAMP: LazyLock<String> = LazyLock::new(|| format!("SELECT {}", settings()));
 
 /// A write's stamp also runs the check, so a stale route is refused before the closure runs
 /// (whatever error type the closure returns); the check's lock then holds every fence of the
 /// shard back until this transaction ends.
-const STAMP_AND_CHECK: &str = stamp_and!("shard_directory.assert_directory_version()");
+static STAMP_AND_CHECK: LazyLock<String> =
+    LazyLock::new(|| stamp_and("shard_directory.assert_directory_version()"));
 
 /// A read's: the check for a reader, which a frozen entity passes (its source holds every row
 /// until the cutover) and a moved or stale one does not.
-const STAMP_AND_READ_CHECK: &str = stamp_and!("shard_directory.assert_directory_version(true)");
+static STAMP_AND_READ_CHECK: LazyLock<String> =
+    LazyLock::new(|| stamp_and("shard_directory.assert_directory_version(true)"));
 
 /// How a routed transaction begins: its isolation level and whether it is read-only (set at
 /// BEGIN, before the stamp, as `SET TRANSACTION` would have to be).
@@ -481,13 +482,18 @@ impl Router {
                     return Err(Attempt::ReadOnly);
                 }
                 let one = self
-                    .attempt(shard, &stamped(options, STAMP_AND_CHECK), &bound, f)
+                    .attempt(shard, &stamped(options, &STAMP_AND_CHECK), &bound, f)
                     .await?;
                 Ok(Reads::One(one))
             }
             Mode::Read { checked } => {
                 let options = TxOptions::default().read_only();
-                let stamp = stamped(options, if checked { STAMP_AND_READ_CHECK } else { STAMP });
+                let sql: &'static str = if checked {
+                    &STAMP_AND_READ_CHECK
+                } else {
+                    &STAMP
+                };
+                let stamp = stamped(options, sql);
                 let source = self.attempt(shard, &stamp, &bound, f).await?;
                 let (State::Migrating, Some(target)) = (&entry.state, &entry.target_shard) else {
                     return Ok(Reads::One(source));
@@ -737,15 +743,15 @@ impl Router {
             (&left, Type::TEXT),
         ];
         // A shard whose extension predates the read check: read it unchecked, saying so once.
-        let stamp = if stamp == STAMP_AND_READ_CHECK && !read_check.load(Ordering::Relaxed) {
-            STAMP
+        let stamp = if stamp == *STAMP_AND_READ_CHECK && !read_check.load(Ordering::Relaxed) {
+            &STAMP
         } else {
             stamp
         };
         let stamped = statements.query(&tx, &*tx, stamp, params).await;
         match stamped {
             Err(e)
-                if stamp == STAMP_AND_READ_CHECK
+                if stamp == *STAMP_AND_READ_CHECK
                     && e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_FUNCTION) =>
             {
                 tracing::warn!(

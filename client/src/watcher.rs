@@ -12,6 +12,7 @@ use crate::metrics::Counters;
 use crate::pool::{self, Connector, Timeouts};
 use crate::statements::Statements;
 use crate::store::{needs, Changes, SINCE, VERSION_READS};
+use shard_directory_protocol::{CHANNEL, WATCHER_APPLICATION_NAME};
 use tokio_postgres::types::{ToSql, Type};
 
 /// What the watcher knows about its own health.
@@ -103,9 +104,6 @@ pub(crate) struct Watcher {
     pub listen: bool,
 }
 
-/// How the watcher's connection shows up in `pg_stat_activity`.
-pub const APPLICATION_NAME: &str = "shard_directory_watcher";
-
 /// How often the watcher polls when notifications do not reach it.
 const DEAF_POLL: Duration = Duration::from_secs(1);
 
@@ -145,7 +143,7 @@ impl Watcher {
         let (connect, query) = (self.timeouts.connect, self.timeouts.query);
         // Hex digits only: a valid identifier as it is.
         let probe = format!("shard_directory_probe_{:016x}", fastrand::u64(..));
-        let listen = format!("LISTEN shard_directory; LISTEN {probe}");
+        let listen = format!("LISTEN {CHANNEL}; LISTEN {probe}");
         within("LISTEN", query, client.batch_execute(&listen)).await?;
         let (sender, _, _driver) = within(
             "the probe's connection",
@@ -187,7 +185,7 @@ impl Watcher {
     /// One connection's life; returns why it ended.
     async fn session(&self, failures: &mut u32) -> Ended {
         let mut config = self.config.clone();
-        config.application_name(APPLICATION_NAME);
+        config.application_name(WATCHER_APPLICATION_NAME);
         // tokio-postgres bounds the TCP connect only: a proxy that accepts and never answers
         // would hold the startup, and the watcher, forever.
         let connect = pool::connect(config.clone(), self.timeouts.connect, &self.tls);

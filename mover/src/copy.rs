@@ -7,7 +7,7 @@
 //! value's text (`registry`), so text reads back the same on any shard.
 
 use futures_util::{SinkExt, StreamExt};
-use shard_directory_client::EntityKey;
+use shard_directory_protocol::EntityKey;
 use tokio_postgres::{Client, IsolationLevel};
 
 use crate::catalog::EntityTable;

@@ -1,7 +1,7 @@
 //! What the directory says about an entity: its entry now, where it was at a time, its history.
 
 use serde::Serialize;
-use shard_directory_client::{EntityKey, State};
+use shard_directory_protocol::{EntityKey, State};
 use tokio_postgres::GenericClient;
 
 /// An entry as the mover reads it.
@@ -14,10 +14,28 @@ pub struct Placement {
     pub version: i64,
 }
 
+/// Reading entries failed.
+#[derive(Debug)]
+pub(crate) enum ReadError {
+    Db(tokio_postgres::Error),
+    /// A state this mover does not know (a newer extension's): an error, never taken for one it
+    /// knows.
+    UnknownState {
+        entity: EntityKey,
+        state: String,
+    },
+}
+
+impl From<tokio_postgres::Error> for ReadError {
+    fn from(e: tokio_postgres::Error) -> ReadError {
+        ReadError::Db(e)
+    }
+}
+
 pub(crate) async fn read(
     c: &impl GenericClient,
     key: &EntityKey,
-) -> Result<Option<Placement>, tokio_postgres::Error> {
+) -> Result<Option<Placement>, ReadError> {
     let row = c
         .query_opt(
             "SELECT shard_name, state, target_shard, version FROM shard_directory.shard_directory \
@@ -25,18 +43,26 @@ pub(crate) async fn read(
             &[&key.entity_type, &key.entity_id],
         )
         .await?;
-    Ok(row.map(|r| placement(&r, 0)))
+    row.map(|r| placement(&r, 0, key)).transpose()
 }
 
-/// The placement in columns `at..at + 4` of `r`: shard_name, state, target_shard, version.
-fn placement(r: &tokio_postgres::Row, at: usize) -> Placement {
-    Placement {
+/// The placement of `key` in columns `at..at + 4` of `r`: shard_name, state, target_shard,
+/// version.
+fn placement(r: &tokio_postgres::Row, at: usize, key: &EntityKey) -> Result<Placement, ReadError> {
+    Ok(Placement {
         shard_name: r.get(at),
-        // A state this mover does not know is taken as the most restrictive one.
-        state: r.get::<_, &str>(at + 1).parse().unwrap_or(State::ReadOnly),
+        state: state_of(key, r.get(at + 1))?,
         target_shard: r.get(at + 2),
         version: r.get(at + 3),
-    }
+    })
+}
+
+/// The state `state` (the entry of `key`'s) spells.
+fn state_of(key: &EntityKey, state: &str) -> Result<State, ReadError> {
+    state.parse().map_err(|_| ReadError::UnknownState {
+        entity: key.clone(),
+        state: state.to_owned(),
+    })
 }
 
 /// The entries of `ids` of `entity_type` that exist, by id.
@@ -44,7 +70,7 @@ pub(crate) async fn read_many(
     c: &impl GenericClient,
     entity_type: &str,
     ids: &[&str],
-) -> Result<std::collections::HashMap<String, Placement>, tokio_postgres::Error> {
+) -> Result<std::collections::HashMap<String, Placement>, ReadError> {
     let rows = c
         .query(
             "SELECT entity_id, shard_name, state, target_shard, version \
@@ -52,7 +78,13 @@ pub(crate) async fn read_many(
             &[&entity_type, &ids],
         )
         .await?;
-    Ok(rows.iter().map(|r| (r.get(0), placement(r, 1))).collect())
+    rows.iter()
+        .map(|r| {
+            let id: String = r.get(0);
+            let placement = placement(r, 1, &EntityKey::new(entity_type, &id))?;
+            Ok((id, placement))
+        })
+        .collect()
 }
 
 pub(crate) async fn current_version(c: &impl GenericClient) -> Result<i64, tokio_postgres::Error> {
@@ -116,4 +148,26 @@ pub(crate) async fn history(
             changed_by: r.get(8),
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::{At, Error, Place, Step};
+
+    /// A state this mover does not know (a newer extension's) is an error naming the entity and
+    /// the state; it was taken as read_only.
+    #[test]
+    fn an_unknown_state_is_an_error_not_read_only() {
+        let key = EntityKey::new("tenant", "8842");
+        assert_eq!(state_of(&key, "read_only").unwrap(), State::ReadOnly);
+        let read = state_of(&key, "paused").map(Some);
+        let e = read.at(Step::Preflight, Place::Directory).unwrap_err();
+        assert!(matches!(e, Error::UnknownState { .. }), "{e:?}");
+        let message = e.to_string();
+        assert!(
+            message.contains("tenant/8842") && message.contains("\"paused\""),
+            "{message}"
+        );
+    }
 }

@@ -105,7 +105,7 @@ pub enum Error {
          column in the foreign key", .rows.join(", ")
     )]
     CrossEntity {
-        entity: shard_directory_client::EntityKey,
+        entity: shard_directory_protocol::EntityKey,
         constraint: String,
         from: String,
         rows: Vec<String>,
@@ -191,6 +191,15 @@ pub enum Error {
         retained: i64,
         limit: i64,
     },
+    /// The directory entry is in a state this mover does not know.
+    #[error(
+        "the directory entry {entity} is in state \"{state}\", which this mover does not know\n  \
+         fix: use a mover of the directory's extension version"
+    )]
+    UnknownState {
+        entity: shard_directory_protocol::EntityKey,
+        state: String,
+    },
     /// A shard the step needs could not be reached.
     #[error("{step}: shard {shard} is unreachable: {cause}")]
     Unreachable {
@@ -242,6 +251,20 @@ impl<T> At<T> for Result<T, tokio_postgres::Error> {
             step,
             place: place.into(),
             source,
+        })
+    }
+}
+
+impl<T> At<T> for Result<T, crate::entry::ReadError> {
+    fn at(self, step: Step, place: impl Into<Place>) -> Result<T, Error> {
+        use crate::entry::ReadError;
+        self.map_err(|e| match e {
+            ReadError::Db(source) => Error::Db {
+                step,
+                place: place.into(),
+                source,
+            },
+            ReadError::UnknownState { entity, state } => Error::UnknownState { entity, state },
         })
     }
 }

@@ -2,7 +2,7 @@
 //! records both sides' fences before it changes them, so that an abort can put them back.
 
 use serde::{Deserialize, Serialize};
-use shard_directory_client::EntityKey;
+use shard_directory_protocol::EntityKey;
 use tokio_postgres::Client;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

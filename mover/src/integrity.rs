@@ -5,7 +5,7 @@
 
 use tokio_postgres::Client;
 
-use shard_directory_client::EntityKey;
+use shard_directory_protocol::EntityKey;
 
 use crate::catalog::{EntityTable, ForeignKey};
 use crate::error::{At, Error, Place, Step};

@@ -11,7 +11,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use shard_directory_client::EntityKey;
+//! use shard_directory_protocol::EntityKey;
 //! use shard_directory_mover::{MoveOptions, Mover, Overrides};
 //!
 //! let mover = Mover::new(

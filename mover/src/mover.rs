@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use shard_directory_client::EntityKey;
+use shard_directory_protocol::EntityKey;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Config};
 
@@ -295,10 +295,10 @@ impl Mover {
     }
 
     /// Runs one read on a new directory connection.
-    async fn read<T>(
-        &self,
-        query: impl AsyncFnOnce(&Client) -> Result<T, tokio_postgres::Error>,
-    ) -> Result<T, Error> {
+    async fn read<T, E>(&self, query: impl AsyncFnOnce(&Client) -> Result<T, E>) -> Result<T, Error>
+    where
+        Result<T, E>: At<T>,
+    {
         let directory = self.connect_directory(None).await?;
         query(&directory).await.at(Step::Record, Place::Directory)
     }

@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use shard_directory_client::{EntityKey, State};
+use shard_directory_protocol::{EntityKey, State};
 use tokio_postgres::Client;
 
 use crate::catalog::{self, EntityTable};

@@ -9,7 +9,7 @@
 //! only if no other entity's row references them. The mover never deletes, by cascade or
 //! otherwise, a row that is not the entity's.
 
-use shard_directory_client::EntityKey;
+use shard_directory_protocol::EntityKey;
 use tokio_postgres::Client;
 
 use crate::catalog::EntityTable;

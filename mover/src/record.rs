@@ -136,8 +136,8 @@ impl MoveRecord {
         }
     }
 
-    pub fn entity(&self) -> shard_directory_client::EntityKey {
-        shard_directory_client::EntityKey::new(&self.entity_type, &self.entity_id)
+    pub fn entity(&self) -> shard_directory_protocol::EntityKey {
+        shard_directory_protocol::EntityKey::new(&self.entity_type, &self.entity_id)
     }
 
     /// Freeze time so far (or in all, once the move is past its cutover or aborted).
@@ -180,7 +180,7 @@ pub(crate) async fn list(
 
 /// What a new record says.
 pub(crate) struct NewMove<'a> {
-    pub entity: &'a shard_directory_client::EntityKey,
+    pub entity: &'a shard_directory_protocol::EntityKey,
     pub source: &'a str,
     pub target: &'a str,
     pub method: Method,

@@ -12,7 +12,7 @@
 
 use std::time::{Duration, Instant};
 
-use shard_directory_client::{EntityKey, State};
+use shard_directory_protocol::{EntityKey, State};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
@@ -336,7 +336,9 @@ impl<'m> Run<'m> {
         if step == DirectoryStep::Complete && !lease_running {
             return Err(Error::LeaseExpired);
         }
-        let entry = entry::read(&tx, &key).await.map_err(at)?;
+        let entry = entry::read(&tx, &key)
+            .await
+            .at(err_step, Place::Directory)?;
         let toward_target = |e: &Placement| {
             e.shard_name == source && e.target_shard.as_deref() == Some(target.as_str())
         };

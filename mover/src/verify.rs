@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use shard_directory_client::EntityKey;
+use shard_directory_protocol::EntityKey;
 use tokio_postgres::Client;
 
 use crate::catalog::EntityTable;

@@ -41,7 +41,7 @@ fn lock_entry(key: &EntityKey, step: &'static str) -> Placement {
         .raise()
     };
     Placement {
-        state: State::parse(key, &state).unwrap_or_else(|e| e.raise()),
+        state: transition::parse_state(key, &state).unwrap_or_else(|e| e.raise()),
         shard_name,
         target_shard,
     }
@@ -136,7 +136,7 @@ fn begin_move(
     entity_id: Option<&str>,
     target_shard: Option<&str>,
 ) -> i64 {
-    let key = EntityKey::from_args(entity_type, entity_id);
+    let key = crate::entity::key_of(entity_type, entity_id);
     let target = required(target_shard, "target_shard");
     step(key, "begin_move", &[Transition::BeginMove], |old| {
         Placement {
@@ -151,7 +151,7 @@ fn begin_move(
 #[pg_extern(volatile)]
 fn freeze(entity_type: Option<&str>, entity_id: Option<&str>) -> i64 {
     step(
-        EntityKey::from_args(entity_type, entity_id),
+        crate::entity::key_of(entity_type, entity_id),
         "freeze",
         &[Transition::Freeze, Transition::MaintenanceFreeze],
         |old| Placement {
@@ -165,7 +165,7 @@ fn freeze(entity_type: Option<&str>, entity_id: Option<&str>) -> i64 {
 #[pg_extern(volatile)]
 fn complete_move(entity_type: Option<&str>, entity_id: Option<&str>) -> i64 {
     step(
-        EntityKey::from_args(entity_type, entity_id),
+        crate::entity::key_of(entity_type, entity_id),
         "complete_move",
         &[Transition::Cutover],
         |old| Placement {
@@ -183,7 +183,7 @@ fn complete_move(entity_type: Option<&str>, entity_id: Option<&str>) -> i64 {
 #[pg_extern(volatile)]
 fn abort_move(entity_type: Option<&str>, entity_id: Option<&str>) -> i64 {
     step(
-        EntityKey::from_args(entity_type, entity_id),
+        crate::entity::key_of(entity_type, entity_id),
         "abort_move",
         &[Transition::Abort],
         |old| Placement {
@@ -203,7 +203,7 @@ fn abort_move(entity_type: Option<&str>, entity_id: Option<&str>) -> i64 {
 /// as the owner of the extension's tables, so a role granted EXECUTE needs nothing else.
 #[pg_extern(volatile)]
 fn release_expired_freeze(entity_type: Option<&str>, entity_id: Option<&str>) -> Option<i64> {
-    let key = EntityKey::from_args(entity_type, entity_id);
+    let key = crate::entity::key_of(entity_type, entity_id);
     privilege::as_owner_of(catalog::relation(c"shard_moves"), || {
         // The move's row first, as the mover's cutover locks it: one of the two waits for the
         // other, and the second finds the first's phase.

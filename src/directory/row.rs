@@ -5,7 +5,7 @@ use std::ffi::CStr;
 use pgrx::prelude::*;
 use pgrx::varlena;
 
-use super::transition::{EntityKey, Placement, State};
+use super::transition::{self, EntityKey, Placement};
 use super::{columns, registry};
 use crate::catalog;
 use crate::error::{required, spi, SdError};
@@ -86,7 +86,7 @@ impl Entry {
             entity_type: not_null(0),
             entity_id: not_null(1),
         };
-        let state = State::parse(&key, &not_null(2)).unwrap_or_else(|e| e.raise());
+        let state = transition::parse_state(&key, &not_null(2)).unwrap_or_else(|e| e.raise());
         Entry {
             placement: Placement {
                 state,

@@ -31,6 +31,7 @@
 use std::cell::{Cell, RefCell};
 
 use pgrx::prelude::*;
+use shard_directory_protocol::CHANNEL;
 
 use super::history::{self, Change};
 use super::writer::{self, Writer};
@@ -424,7 +425,7 @@ fn notify(version: i64) {
     // and payload) is turned into a Rust panic by the guard.
     unsafe {
         pg_sys::ffi::pg_guard_ffi_boundary(|| {
-            Async_Notify(c"shard_directory".as_ptr(), payload.as_ptr())
+            Async_Notify(CHANNEL.as_c_str().as_ptr(), payload.as_ptr())
         })
     }
 }

@@ -5,40 +5,14 @@ use std::fmt;
 
 pub use crate::entity::EntityKey;
 use crate::error::SdError;
+pub use shard_directory_protocol::State;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum State {
-    Active,
-    Migrating,
-    ReadOnly,
-}
-
-impl State {
-    pub fn parse(entity: &EntityKey, s: &str) -> Result<State, SdError> {
-        match s {
-            "active" => Ok(State::Active),
-            "migrating" => Ok(State::Migrating),
-            "read_only" => Ok(State::ReadOnly),
-            other => Err(SdError::UnknownState {
-                entity: entity.clone(),
-                state: other.to_owned(),
-            }),
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            State::Active => "active",
-            State::Migrating => "migrating",
-            State::ReadOnly => "read_only",
-        }
-    }
-}
-
-impl fmt::Display for State {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
+/// The state `s` (a `state` column's value) spells; an error naming the entity otherwise.
+pub fn parse_state(entity: &EntityKey, s: &str) -> Result<State, SdError> {
+    s.parse().map_err(|_| SdError::UnknownState {
+        entity: entity.clone(),
+        state: s.to_owned(),
+    })
 }
 
 /// Where an entry is and where it is going.

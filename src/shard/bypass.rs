@@ -19,13 +19,13 @@ thread_local! {
 /// in the same transaction replaces the first.
 #[pg_extern(volatile)]
 fn bypass_fence(entity_type: Option<&str>, entity_id: Option<&str>) {
-    let key = EntityKey::from_args(entity_type, entity_id);
+    let key = crate::entity::key_of(entity_type, entity_id);
     PASSING.set(Some(key));
 }
 
 /// Whether the row trigger lets `key` through without looking at its fence.
 pub fn passes(key: EntityRef<'_>) -> bool {
-    PASSING.with_borrow(|p| p.as_ref().is_some_and(|p| p.as_ref() == key))
+    PASSING.with_borrow(|p| p.as_ref().is_some_and(|p| EntityRef::from(p) == key))
 }
 
 /// Called by `crate::xact` when the transaction ends.

@@ -84,7 +84,7 @@ fn set_fence(
 fn fence_owned(entity_type: Option<&str>, entity_id: Option<&str>, min_version: Option<i64>) {
     let min_version = required(min_version, "min_version");
     set_fence(
-        EntityKey::from_args(entity_type, entity_id),
+        crate::entity::key_of(entity_type, entity_id),
         "owned",
         Some(min_version),
         None,
@@ -96,7 +96,7 @@ fn fence_owned(entity_type: Option<&str>, entity_id: Option<&str>, min_version: 
 #[pg_extern(volatile)]
 fn fence_frozen(entity_type: Option<&str>, entity_id: Option<&str>) {
     set_fence(
-        EntityKey::from_args(entity_type, entity_id),
+        crate::entity::key_of(entity_type, entity_id),
         "frozen",
         None,
         None,
@@ -119,7 +119,7 @@ fn fence_frozen_for(
     let lease = required(lease, "lease");
     let freeze_version = required(freeze_version, "freeze_version");
     set_fence(
-        EntityKey::from_args(entity_type, entity_id),
+        crate::entity::key_of(entity_type, entity_id),
         "frozen",
         Some(freeze_version.saturating_add(1)),
         None,
@@ -138,7 +138,7 @@ fn fence_moved(
     let moved_to = required(moved_to, "moved_to");
     let version = required(version, "version");
     set_fence(
-        EntityKey::from_args(entity_type, entity_id),
+        crate::entity::key_of(entity_type, entity_id),
         "moved",
         Some(version),
         Some(moved_to),
@@ -149,7 +149,7 @@ fn fence_moved(
 /// Removes the entity's fence: `min_accepted` alone governs it again.
 #[pg_extern(volatile)]
 fn unfence(entity_type: Option<&str>, entity_id: Option<&str>) {
-    let key = EntityKey::from_args(entity_type, entity_id);
+    let key = crate::entity::key_of(entity_type, entity_id);
     write(
         "unfence",
         "DELETE FROM shard_directory.shard_fences WHERE entity_type = $1 AND entity_id = $2",

@@ -20,10 +20,10 @@ use clap::{Parser, Subcommand, ValueEnum};
 use futures_util::future::BoxFuture;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use serde_json::json;
-use shard_directory_client::EntityKey;
 use shard_directory_mover::{
     Error, Failure, Left, MethodChoice, MoveOptions, MoveRecord, Mover, Observer, Overrides, Phase,
 };
+use shard_directory_protocol::EntityKey;
 
 #[derive(Parser)]
 #[command(

@@ -1,0 +1,28 @@
+//! The contract between the three parts of `shard_directory`: the PostgreSQL extension (on the
+//! directory database and on every shard), the client crate that routes through it, and the
+//! mover. What one of them writes and another reads is defined here once, as
+//! `postgres-protocol` defines PostgreSQL's wire format for rust-postgres.
+//!
+//! - [`EntityKey`] (`entity`): `(entity_type, entity_id)`, the directory's key, shown as
+//!   `tenant/8842`.
+//! - [`State`] (`state`): an entry's routing state, spelled as `shard_directory.state` spells it.
+//! - [`refusal`]: why a shard refused a transaction with SQLSTATE 40001, and the JSON object its
+//!   DETAIL holds.
+//! - [`setting`]: the settings a client sets in each transaction it routes, and the names of
+//!   the extension's own.
+//! - [`CHANNEL`] and [`WATCHER_APPLICATION_NAME`] (`name`): the notification channel and the
+//!   watcher's `application_name`.
+//!
+//! No dependencies; feature `serde` derives `Serialize` and `Deserialize`.
+
+#![warn(missing_docs)]
+
+mod entity;
+mod name;
+pub mod refusal;
+pub mod setting;
+mod state;
+
+pub use entity::EntityKey;
+pub use name::{Name, CHANNEL, WATCHER_APPLICATION_NAME};
+pub use state::{State, UnknownState};

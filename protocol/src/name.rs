@@ -1,0 +1,43 @@
+//! Names both PostgreSQL (as C strings) and clients (as text) use.
+
+use std::ffi::CStr;
+use std::fmt;
+
+/// A name PostgreSQL's C functions take as a C string and clients send as text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Name(&'static CStr);
+
+impl Name {
+    /// `name`, which must be ASCII.
+    pub const fn new(name: &'static CStr) -> Name {
+        assert!(name.to_bytes().is_ascii(), "a name is ASCII");
+        Name(name)
+    }
+
+    /// As text.
+    pub const fn as_str(self) -> &'static str {
+        match self.0.to_str() {
+            Ok(name) => name,
+            Err(_) => panic!("a name is ASCII"),
+        }
+    }
+
+    /// As a C string.
+    pub const fn as_c_str(self) -> &'static CStr {
+        self.0
+    }
+}
+
+impl fmt::Display for Name {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The channel the directory notifies each new version on (`pg_notify(CHANNEL, version)`), and
+/// that watchers `LISTEN` to. The payload is the version, as text.
+pub const CHANNEL: Name = Name::new(c"shard_directory");
+
+/// The `application_name` of the client's watcher connection: what its directory session shows
+/// in `pg_stat_activity`.
+pub const WATCHER_APPLICATION_NAME: &str = "shard_directory_watcher";
