@@ -84,7 +84,7 @@ VOLATILE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'bypass_fence_wrapper';
 
--- History is ordered by version; version_at is when each version was taken (src/directory/statement.rs).
+-- History is ordered by version; version_at is when each version was taken (src/directory/version.rs).
 -- Rows written before 0.2.0 get their transaction's start, the best time they recorded.
 ALTER TABLE shard_directory_history ADD COLUMN version_at timestamptz;
 ALTER TABLE shard_directory_history DISABLE TRIGGER shard_directory_history_guard;
@@ -197,7 +197,7 @@ CREATE EVENT TRIGGER shard_directory_protect_partitions ON ddl_command_end
     WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE')
     EXECUTE FUNCTION protect_new_partitions();
 
--- A frozen fence's lease (src/shard/state.rs).
+-- A frozen fence's lease (src/shard/cached.rs).
 ALTER TABLE shard_fences ADD COLUMN lease_until timestamptz CONSTRAINT shard_fences_lease_is_frozen
     CHECK (lease_until IS NULL OR state = 'frozen');
 

@@ -1,10 +1,24 @@
 //! `shard_directory`: directory-based sharding made safe.
 //!
-//! The same library plays two roles. On the **directory database** (`directory`) it keeps the
-//! entity -> shard mapping honest: one version bump per changing statement, a notification in the
-//! same transaction, append-only history and a move state machine. On every **shard** (`shard`)
-//! it refuses work routed with an outdated view of that mapping. Every error either side raises
-//! is defined in `error`; every setting in `guc`.
+//! The same library plays two roles. On the **directory database** it keeps the entity -> shard
+//! mapping honest: one version per changing statement, taken at commit and notified, append-only
+//! history and a move state machine. On every **shard** it refuses work routed with an outdated
+//! view of that mapping.
+//!
+//! - `directory`: the directory role (its own index);
+//! - `shard`: the shard role (its own index);
+//! - `entity`: the entity key both roles talk about (the protocol crate's), as SQL functions take
+//!   it and the check borrows it;
+//! - `error`: every error either side raises, with its SQLSTATE, DETAIL and HINT;
+//! - `guc`: every setting the extension defines or reads;
+//! - `catalog`: the extension's own objects, found by name; `privilege`: acting as the owner of
+//!   the extension's tables, and who the current role is;
+//! - `xact`: transaction callbacks (a transaction's versions taken at pre-commit; state that
+//!   must not outlive its transaction or subtransaction);
+//! - `pg_tests`: the in-database tests, by role.
+//!
+//! The SQL that declares the tables and wires the triggers is in `sql/`; the wire contract with
+//! the client and the mover is the `shard-directory-protocol` crate.
 
 // `SdError` names entities and placements by value so messages need no lookups; it is raised
 // (ereport) where it is made, never carried through a loop, so its size costs nothing.

@@ -14,15 +14,15 @@ unsafe extern "C-unwind" fn on_xact_event(
     match event {
         // After the last row lock the transaction takes (deferred triggers have fired): its
         // directory changes get their versions now.
-        XACT_EVENT_PRE_COMMIT => crate::directory::statement::settle(),
-        XACT_EVENT_PRE_PREPARE => crate::directory::statement::refuse_prepare(),
+        XACT_EVENT_PRE_COMMIT => crate::directory::version::settle(),
+        XACT_EVENT_PRE_PREPARE => crate::directory::version::refuse_prepare(),
         _ => {}
     }
     if matches!(
         event,
         XACT_EVENT_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PREPARE | XACT_EVENT_PARALLEL_ABORT
     ) {
-        crate::directory::statement::clear();
+        crate::directory::version::clear();
         crate::shard::bypass::clear();
     }
 }
@@ -40,11 +40,11 @@ unsafe extern "C-unwind" fn on_subxact_end(
 ) {
     match event {
         pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB => {
-            crate::directory::statement::abort_subtransaction();
+            crate::directory::version::abort_subtransaction();
             crate::shard::locks::forget();
         }
         pg_sys::SubXactEvent::SUBXACT_EVENT_COMMIT_SUB => {
-            crate::directory::statement::commit_subtransaction();
+            crate::directory::version::commit_subtransaction();
         }
         _ => {}
     }

@@ -32,6 +32,7 @@ use std::sync::{
 use crate::cache_key::CacheKey;
 use crate::cache_map::Map;
 use crate::entry::{AsKeyRef, EntityKey, Entry, State};
+use crate::metrics::Counters;
 use crate::name::Name;
 
 /// Held inline in the map's node, with the key: a hit follows no pointer past the node. The
@@ -401,6 +402,38 @@ impl Cache {
 }
 
 /// What the cache's tests fill it with.
+/// The directory's version went back from `known` to `version`: adopts it, flushes the cache, and
+/// says so. Returns false when the known version moved meanwhile.
+pub(crate) fn adopt_lower(cache: &Cache, counters: &Counters, known: i64, version: i64) -> bool {
+    if !cache.adopt_lower(known, version) {
+        return false;
+    }
+    counters.version_regressed(version);
+    tracing::warn!(
+        known,
+        directory = version,
+        "shard directory version went back (restored from a backup, or failed over to a standby \
+         that lost commits): adopting it and flushing the cache"
+    );
+    true
+}
+
+/// The directory read `version` in `epoch`: when that is a new epoch (a failover, a restore),
+/// the cache was flushed and goes on from `version`; counted and said. Returns whether it was.
+pub(crate) fn adopt_epoch(cache: &Cache, counters: &Counters, epoch: &str, version: i64) -> bool {
+    if !cache.adopt_epoch(epoch, version) {
+        return false;
+    }
+    counters.epoch_changed(version);
+    tracing::warn!(
+        epoch,
+        version,
+        "the shard directory's epoch changed (it failed over, or was restored): its versions \
+         are another history's; flushed the cache"
+    );
+    true
+}
+
 #[cfg(test)]
 mod fixtures {
     use crate::entry::{EntityKey, Entry, State};

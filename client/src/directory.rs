@@ -5,16 +5,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime};
 
-use crate::cache::{Cache, Lookup};
+use crate::cache::{adopt_epoch, adopt_lower, Cache, Lookup};
 use crate::entry::{AsKeyRef, EntityKey, Entry, KeyRef, State};
 use crate::error::{Error, Result};
 use crate::metrics::{Counters, Stats};
 use crate::name::Name;
 use crate::policy::{Cached, Policy};
-use crate::pool::Timeouts;
+use crate::pool::{AbortOnDrop, Timeouts};
 use crate::statements::Statements;
 use crate::store::Store;
-use crate::watcher::{AbortOnDrop, Watch, Watcher};
+use crate::watcher::{Watch, Watcher};
 
 /// How a [`Directory`] behaves.
 ///
@@ -120,38 +120,6 @@ impl DirectoryConfig {
         self.shared_cache = Some(config);
         self
     }
-}
-
-/// The directory's version went back from `known` to `version`: adopts it, flushes the cache, and
-/// says so. Returns false when the known version moved meanwhile.
-pub(crate) fn adopt_lower(cache: &Cache, counters: &Counters, known: i64, version: i64) -> bool {
-    if !cache.adopt_lower(known, version) {
-        return false;
-    }
-    counters.version_regressed(version);
-    tracing::warn!(
-        known,
-        directory = version,
-        "shard directory version went back (restored from a backup, or failed over to a standby \
-         that lost commits): adopting it and flushing the cache"
-    );
-    true
-}
-
-/// The directory read `version` in `epoch`: when that is a new epoch (a failover, a restore),
-/// the cache was flushed and goes on from `version`; counted and said. Returns whether it was.
-pub(crate) fn adopt_epoch(cache: &Cache, counters: &Counters, epoch: &str, version: i64) -> bool {
-    if !cache.adopt_epoch(epoch, version) {
-        return false;
-    }
-    counters.epoch_changed(version);
-    tracing::warn!(
-        epoch,
-        version,
-        "the shard directory's epoch changed (it failed over, or was restored): its versions \
-         are another history's; flushed the cache"
-    );
-    true
 }
 
 /// Called between a fill's fetch and its store into the cache (feature `test-hooks`).

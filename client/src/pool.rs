@@ -15,7 +15,6 @@ use tokio_postgres::{AsyncMessage, CancelToken, Client, Notification, Socket};
 
 #[cfg(feature = "native-tls")]
 use crate::error::{Error, Result};
-use crate::watcher::AbortOnDrop;
 
 /// How long to wait for the server.
 #[derive(Debug, Clone, Copy)]
@@ -223,4 +222,13 @@ where
         }
     });
     Ok((client, messages, AbortOnDrop(driver)))
+}
+
+/// Aborts a spawned task when dropped.
+pub(crate) struct AbortOnDrop(pub tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

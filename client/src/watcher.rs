@@ -6,8 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use crate::cache::{Advanced, Cache};
-use crate::directory::{adopt_epoch, adopt_lower};
+use crate::cache::{adopt_epoch, adopt_lower, Advanced, Cache};
 use crate::metrics::Counters;
 use crate::pool::{self, Connector, Timeouts};
 use crate::statements::Statements;
@@ -313,13 +312,4 @@ enum Ended {
     Db(#[from] tokio_postgres::Error),
     #[error("the directory did not answer {0} within {1:?}")]
     Timeout(&'static str, Duration),
-}
-
-/// Aborts a spawned task when dropped.
-pub(crate) struct AbortOnDrop(pub tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }

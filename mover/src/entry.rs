@@ -4,6 +4,8 @@ use serde::Serialize;
 use shard_directory_protocol::{EntityKey, State};
 use tokio_postgres::GenericClient;
 
+use crate::error::{At, Error, Place, Step};
+
 /// An entry as the mover reads it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Placement {
@@ -29,6 +31,19 @@ pub(crate) enum ReadError {
 impl From<tokio_postgres::Error> for ReadError {
     fn from(e: tokio_postgres::Error) -> ReadError {
         ReadError::Db(e)
+    }
+}
+
+impl<T> At<T> for Result<T, ReadError> {
+    fn at(self, step: Step, place: impl Into<Place>) -> Result<T, Error> {
+        self.map_err(|e| match e {
+            ReadError::Db(source) => Error::Db {
+                step,
+                place: place.into(),
+                source,
+            },
+            ReadError::UnknownState { entity, state } => Error::UnknownState { entity, state },
+        })
     }
 }
 
@@ -153,7 +168,6 @@ pub(crate) async fn history(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::{At, Error, Place, Step};
 
     /// A state this mover does not know (a newer extension's) is an error naming the entity and
     /// the state; it was taken as read_only.

@@ -255,20 +255,6 @@ impl<T> At<T> for Result<T, tokio_postgres::Error> {
     }
 }
 
-impl<T> At<T> for Result<T, crate::entry::ReadError> {
-    fn at(self, step: Step, place: impl Into<Place>) -> Result<T, Error> {
-        use crate::entry::ReadError;
-        self.map_err(|e| match e {
-            ReadError::Db(source) => Error::Db {
-                step,
-                place: place.into(),
-                source,
-            },
-            ReadError::UnknownState { entity, state } => Error::UnknownState { entity, state },
-        })
-    }
-}
-
 impl From<&str> for Place {
     fn from(shard: &str) -> Place {
         Place::Shard(shard.to_owned())

@@ -11,8 +11,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use shard_directory_protocol::EntityKey;
-//! use shard_directory_mover::{MoveOptions, Mover, Overrides};
+//! use shard_directory_mover::{EntityKey, MoveOptions, Mover, Overrides};
 //!
 //! let mover = Mover::new(
 //!     "host=dir.internal dbname=directory user=mover".parse()?,
@@ -23,6 +22,18 @@
 //! println!("moved at version {:?}, frozen for {:?}", done.cutover_version, done.freeze_time());
 //! # Ok(()) }
 //! ```
+//!
+//! Modules, in the order of a move:
+//! - `mover` (the [`Mover`]: start, resume, abort, inspect) with its `options`;
+//! - `preflight` (what `start` checks before changing anything), drawing on `catalog` (the
+//!   entity's tables), `coverage` (every table holding its rows is protected), `integrity` (no
+//!   foreign key crosses to another entity), `privileges` (what the mover's role holds) and
+//!   `registry` (where the shards are);
+//! - `run` (one process driving one move, phase by phase): `record` (`shard_moves`), `phase`,
+//!   `entry` (the directory entry), `side` (one shard), `fence`, `logical` and `copy` (the two
+//!   methods), `verify`, `sequences`, `purge` (the source's rows deleted);
+//! - `status` (who drives a move, what its slot keeps), `reconcile` (rows on a shard the
+//!   directory does not name), `observer` (what a move reports), `error`.
 
 mod catalog;
 mod copy;
@@ -34,6 +45,7 @@ mod integrity;
 mod logical;
 mod mover;
 mod observer;
+mod options;
 mod phase;
 mod preflight;
 mod privileges;
@@ -50,11 +62,14 @@ mod verify;
 pub use entry::{HistoryRow, Placement};
 pub use error::{Error, Failure, Left, Place, Step};
 pub use fence::Fence;
-pub use mover::{MethodChoice, MoveOptions, Mover};
+pub use mover::Mover;
 pub use observer::{LogObserver, Observer};
+pub use options::{MethodChoice, MoveOptions};
 pub use phase::Phase;
 pub use preflight::Plan;
 pub use reconcile::Stray;
 pub use record::{Method, MoveRecord, TableProgress};
 pub use registry::{with_password, Endpoint, Overrides, ShardOverride};
+/// The protocol's key and state, as the mover's API takes and returns them.
+pub use shard_directory_protocol::{EntityKey, State};
 pub use status::{Driver, MoveStatus, Slot};

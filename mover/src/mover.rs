@@ -21,6 +21,7 @@ use crate::entry::{self, HistoryRow, Placement};
 use crate::error::{At, Error, Failure, Place, Step};
 use crate::logical;
 use crate::observer::{LogObserver, Observer};
+use crate::options::MoveOptions;
 use crate::phase::Phase;
 use crate::preflight::{preflight, Plan};
 use crate::reconcile::Stray;
@@ -29,62 +30,6 @@ use crate::registry::{self, Overrides};
 use crate::run::{stopped, Run};
 use crate::side::{self, Side};
 use crate::status::{self, MoveStatus};
-
-/// Which method to use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum MethodChoice {
-    /// `logical` when the source has `wal_level = logical`, else `copy`.
-    #[default]
-    Auto,
-    Logical,
-    Copy,
-}
-
-#[derive(Debug, Clone)]
-pub struct MoveOptions {
-    pub method: MethodChoice,
-    /// Longest time the entity's writes may be refused; past it the move aborts itself.
-    pub max_freeze: Duration,
-    /// Leave the entity's rows on the source (fenced `moved`, so nobody reads or writes them).
-    pub keep_source: bool,
-    /// Longest time the initial copy, and the catch-up before the freeze, may take. Past it the
-    /// move stops, resumable; the entity stays writable throughout.
-    pub sync_timeout: Duration,
-    /// Rows deleted per transaction when clearing a shard of the entity's rows.
-    pub delete_batch: i64,
-    /// Tables (`schema.table`) with a column named like the entity's key column that does not
-    /// hold entity ids: preflight otherwise refuses a table it cannot tell from an unprotected
-    /// table of the entity.
-    pub unrelated_tables: Vec<String>,
-    /// How long a fence change (or the replication slot's creation) may keep waiting behind a
-    /// shard's transactions in flight before the step gives up: each try waits
-    /// `shard_directory.fence_wait_timeout`, then the fence is tried again.
-    pub fence_patience: Duration,
-    /// WAL the move's replication slot may keep on the source (bytes); past it the move is
-    /// undone, before the source's disk fills for every tenant of the shard.
-    pub max_slot_lag: i64,
-    /// How much longer than `max_freeze` a freeze's lease runs. The mover ends a freeze itself
-    /// by `max_freeze`; the lease ends one whose mover vanished (the shard admits the entity's
-    /// clients again, and routers release it in the directory), and a mover that was only slow
-    /// finds it ended and does not cut over.
-    pub lease_grace: Duration,
-}
-
-impl Default for MoveOptions {
-    fn default() -> Self {
-        MoveOptions {
-            method: MethodChoice::Auto,
-            max_freeze: Duration::from_secs(10),
-            keep_source: false,
-            sync_timeout: Duration::from_secs(30 * 60),
-            delete_batch: 10_000,
-            unrelated_tables: Vec::new(),
-            fence_patience: Duration::from_secs(60),
-            max_slot_lag: 1 << 30,
-            lease_grace: Duration::from_secs(10),
-        }
-    }
-}
 
 /// Class of the session advisory lock a run holds on its move (`pg_advisory_lock(int, int)`).
 const MOVE_LOCK_CLASS: i32 = 0x5344_4d56;
@@ -174,9 +119,17 @@ impl Mover {
             .at(Step::Connect, Place::Directory)
             .map_err(|e| stopped(move_id, e, begun))?;
         self.observer.phase(move_id, record.phase).await;
-        Run::new(self, directory, record, source, Ok(target), tables)
-            .drive()
-            .await
+        Run::new(
+            &self.options,
+            self.observer.clone(),
+            directory,
+            record,
+            source,
+            Ok(target),
+            tables,
+        )
+        .drive()
+        .await
     }
 
     /// Continues move `move_id` from where its record and the real state say it is.
@@ -291,7 +244,15 @@ impl Mover {
         let tables = catalog::describe(&source.client, &record.entity_type)
             .await
             .at(Step::Preflight, source.name())?;
-        Ok(Run::new(self, directory, record, source, target, tables))
+        Ok(Run::new(
+            &self.options,
+            self.observer.clone(),
+            directory,
+            record,
+            source,
+            target,
+            tables,
+        ))
     }
 
     /// Runs one read on a new directory connection.

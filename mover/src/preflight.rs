@@ -10,11 +10,11 @@ use tokio_postgres::Client;
 
 use crate::catalog::{self, EntityTable};
 use crate::coverage;
-use crate::entry;
+use crate::entry::{self, Placement};
 use crate::error::{At, Error, Place, Step};
 use crate::fence::{self, Fence};
 use crate::integrity;
-use crate::mover::{MethodChoice, MoveOptions};
+use crate::options::{MethodChoice, MoveOptions};
 use crate::privileges;
 use crate::purge;
 use crate::record::Method;
@@ -68,8 +68,8 @@ impl fmt::Display for Plan {
     }
 }
 
-/// What `start` checks before it changes anything. Returns the plan, the entity's tables
-/// (parents first) and connections to both shards.
+/// What `start` checks before it changes anything, in order. Returns the plan, the entity's
+/// tables (parents first) and connections to both shards.
 pub(crate) async fn preflight(
     directory: &Client,
     overrides: &Overrides,
@@ -77,20 +77,76 @@ pub(crate) async fn preflight(
     key: &EntityKey,
     target_name: &str,
 ) -> Result<(Plan, Vec<EntityTable>, Side, Side), Error> {
-    let refuse = |problem: String, fix: String| Err(Error::Preflight { problem, fix });
-    let lacking = |place: &str, missing: Vec<String>| Error::Preflight {
-        problem: format!(
-            "the mover's role lacks privileges on {place} ({} missing)",
-            missing.len()
-        ),
-        fix: missing.join("; "),
-    };
     let missing = privileges::missing_on_directory(directory)
         .await
         .at(Step::Preflight, Place::Directory)?;
-    if !missing.is_empty() {
-        return Err(lacking("the directory", missing));
+    require_privileges("the directory", missing)?;
+    let entry = movable_entry(directory, key, target_name).await?;
+    let source = connect(directory, overrides, &entry.shard_name).await?;
+    let target = connect(directory, overrides, target_name).await?;
+    for side in [&source, &target] {
+        let missing = privileges::schema_usage(&side.client)
+            .await
+            .at(Step::Preflight, side.name())?;
+        require_privileges(&format!("shard {}", side.name()), missing)?;
     }
+    let tables = protected_tables(&source, &key.entity_type).await?;
+    let method = method(&source, &target, &tables, options).await?;
+    matches_on_target(&source, &target, &tables, &key.entity_type, method).await?;
+    for side in [&source, &target] {
+        for t in &tables {
+            canonical_on(&side.client, side.name(), t, key).await?;
+        }
+    }
+    let (s, g) = (source.name(), target.name());
+    coverage::check(
+        &source.client,
+        s,
+        &key.entity_type,
+        &options.unrelated_tables,
+    )
+    .await?;
+    sequences::check_target(&target.client, g, &tables).await?;
+    integrity::check_crossings(&source.client, s, &tables, key, Step::Preflight).await?;
+    no_rows_on_target(&target, &tables, key).await?;
+    let (source_fence, target_fence) = startable_fences(&source, &target, key).await?;
+    let plan = Plan {
+        entity: key.clone(),
+        source: s.to_owned(),
+        target: g.to_owned(),
+        method,
+        tables: rows_on_source(&source, &tables, key).await?,
+        source_fence,
+        target_fence,
+    };
+    Ok((plan, tables, source, target))
+}
+
+/// A refusal: what is wrong and how to fix it.
+fn refuse<T>(problem: String, fix: String) -> Result<T, Error> {
+    Err(Error::Preflight { problem, fix })
+}
+
+/// Refuses when the mover's role lacks privileges on `place` (`missing`, each with its GRANT).
+fn require_privileges(place: &str, missing: Vec<String>) -> Result<(), Error> {
+    if missing.is_empty() {
+        return Ok(());
+    }
+    refuse(
+        format!(
+            "the mover's role lacks privileges on {place} ({} missing)",
+            missing.len()
+        ),
+        missing.join("; "),
+    )
+}
+
+/// The entity's entry, when a move can start from it: active, and not on the target already.
+async fn movable_entry(
+    directory: &Client,
+    key: &EntityKey,
+    target_name: &str,
+) -> Result<Placement, Error> {
     let Some(entry) = entry::read(directory, key)
         .await
         .at(Step::Preflight, Place::Directory)?
@@ -117,40 +173,21 @@ pub(crate) async fn preflight(
             "choose another target shard".into(),
         );
     }
-    let source = Side::connect(
-        registry::endpoint(directory, overrides, &entry.shard_name).await?,
-        None,
-    )
-    .await?;
-    let target = Side::connect(
-        registry::endpoint(directory, overrides, target_name).await?,
-        None,
-    )
-    .await?;
-    let (s, g) = (source.name().to_owned(), target.name().to_owned());
-    let at_source = |e| Error::Db {
-        step: Step::Preflight,
-        place: Place::Shard(s.clone()),
-        source: e,
-    };
-    let at_target = |e| Error::Db {
-        step: Step::Preflight,
-        place: Place::Shard(g.clone()),
-        source: e,
-    };
+    Ok(entry)
+}
 
-    for side in [&source, &target] {
-        let missing = privileges::schema_usage(&side.client)
-            .await
-            .at(Step::Preflight, side.name())?;
-        if !missing.is_empty() {
-            return Err(lacking(&format!("shard {}", side.name()), missing));
-        }
-    }
-    let kind = &key.entity_type;
+/// A connection to registered shard `shard`.
+async fn connect(directory: &Client, overrides: &Overrides, shard: &str) -> Result<Side, Error> {
+    Side::connect(registry::endpoint(directory, overrides, shard).await?, None).await
+}
+
+/// The tables the source protects for entity type `kind` (parents first); refuses when there
+/// are none.
+async fn protected_tables(source: &Side, kind: &str) -> Result<Vec<EntityTable>, Error> {
+    let s = source.name();
     let tables = catalog::describe(&source.client, kind)
         .await
-        .map_err(at_source)?;
+        .at(Step::Preflight, s)?;
     if tables.is_empty() {
         return refuse(
             format!(
@@ -163,11 +200,25 @@ pub(crate) async fn preflight(
             ),
         );
     }
+    Ok(tables)
+}
+
+/// The method the move can use, as `options.method` asks: `logical` needs the source's
+/// `wal_level = logical` and built-in key types; `auto` chooses `copy` when logical cannot be
+/// used or the role may not publish or subscribe. Refuses when the role lacks what the method
+/// needs on either shard.
+async fn method(
+    source: &Side,
+    target: &Side,
+    tables: &[EntityTable],
+    options: &MoveOptions,
+) -> Result<Method, Error> {
+    let s = source.name();
     let wal_level: String = source
         .client
         .query_one("SELECT current_setting('wal_level')", &[])
         .await
-        .map_err(at_source)?
+        .at(Step::Preflight, s)?
         .get(0);
     let logical_blocker = if wal_level != "logical" {
         Some((
@@ -192,40 +243,50 @@ pub(crate) async fn preflight(
             )
         })
     };
-    let method = match (options.method, logical_blocker) {
+    let mut method = match (options.method, logical_blocker) {
         (MethodChoice::Copy, _) | (MethodChoice::Auto, Some(_)) => Method::Copy,
         (MethodChoice::Auto | MethodChoice::Logical, None) => Method::Logical,
         (MethodChoice::Logical, Some((problem, fix))) => return refuse(problem, fix),
     };
-    // `auto` chooses copy when the role may not publish or subscribe.
-    let mut method = method;
-    for (side, is_source) in [(&source, true), (&target, false)] {
-        let mut missing = privileges::missing_on_shard(&side.client, &tables, method, is_source)
+    for (side, is_source) in [(source, true), (target, false)] {
+        let mut missing = privileges::missing_on_shard(&side.client, tables, method, is_source)
             .await
             .at(Step::Preflight, side.name())?;
         if !missing.is_empty() && method == Method::Logical && options.method == MethodChoice::Auto
         {
-            let copy = privileges::missing_on_shard(&side.client, &tables, Method::Copy, is_source);
+            let copy = privileges::missing_on_shard(&side.client, tables, Method::Copy, is_source);
             let copy = copy.await.at(Step::Preflight, side.name())?;
             if copy.is_empty() {
                 method = Method::Copy;
             }
             missing = copy;
         }
-        if !missing.is_empty() {
-            return Err(lacking(&format!("shard {}", side.name()), missing));
-        }
+        require_privileges(&format!("shard {}", side.name()), missing)?;
     }
+    Ok(method)
+}
+
+/// Each of the entity's tables is on the target, protected with the same key column, with every
+/// column of the source's of the same type; for `logical`, the source's replica identity of
+/// each includes the key column.
+async fn matches_on_target(
+    source: &Side,
+    target: &Side,
+    tables: &[EntityTable],
+    kind: &str,
+    method: Method,
+) -> Result<(), Error> {
+    let (s, g) = (source.name(), target.name());
     let on_target = catalog::describe(&target.client, kind)
         .await
-        .map_err(at_target)?;
-    for t in &tables {
+        .at(Step::Preflight, g)?;
+    for t in tables {
         let (name, key_column) = (&t.name, &t.key_column);
         let protect = format!("SELECT shard_directory.protect('{name}', '{key_column}', '{kind}')");
         let Some(there) = on_target.iter().find(|x| x.name == t.name) else {
             return if catalog::exists(&target.client, &t.quoted)
                 .await
-                .map_err(at_target)?
+                .at(Step::Preflight, g)?
             {
                 refuse(
                     format!(
@@ -307,29 +368,44 @@ pub(crate) async fn preflight(
             );
         }
     }
-    for (side, shard) in [(&source, &s), (&target, &g)] {
-        for t in &tables {
-            canonical_on(&side.client, shard, t, key).await?;
-        }
-    }
-    coverage::check(&source.client, &s, kind, &options.unrelated_tables).await?;
-    sequences::check_target(&target.client, &g, &tables).await?;
-    integrity::check_crossings(&source.client, &s, &tables, key, Step::Preflight).await?;
-    if let Some(table) = purge::first_table_with_rows(&target.client, &tables, key)
+    Ok(())
+}
+
+/// Refuses when the target already holds rows of the entity.
+async fn no_rows_on_target(
+    target: &Side,
+    tables: &[EntityTable],
+    key: &EntityKey,
+) -> Result<(), Error> {
+    let g = target.name();
+    let Some(table) = purge::first_table_with_rows(&target.client, tables, key)
         .await
-        .map_err(at_target)?
-    {
-        return refuse(
-            format!("target shard {g} already has rows of {key} in table {table}"),
-            format!(
-                "delete them first (a move with --keep-source leaves rows behind; \
-                 `shard-directory history {kind} {}` shows where the entity has been), or \
-                 choose another target",
-                key.entity_id
-            ),
-        );
-    }
-    let source_fence = fence::read(&source.client, key).await.map_err(at_source)?;
+        .at(Step::Preflight, g)?
+    else {
+        return Ok(());
+    };
+    refuse(
+        format!("target shard {g} already has rows of {key} in table {table}"),
+        format!(
+            "delete them first (a move with --keep-source leaves rows behind; \
+             `shard-directory history {} {}` shows where the entity has been), or \
+             choose another target",
+            key.entity_type, key.entity_id
+        ),
+    )
+}
+
+/// The entity's fences on both sides, when a move can start from them: none or owned on the
+/// source, none or moved on the target.
+async fn startable_fences(
+    source: &Side,
+    target: &Side,
+    key: &EntityKey,
+) -> Result<(Fence, Fence), Error> {
+    let (s, g, kind) = (source.name(), target.name(), &key.entity_type);
+    let source_fence = fence::read(&source.client, key)
+        .await
+        .at(Step::Preflight, s)?;
     if !matches!(source_fence, Fence::None | Fence::Owned { .. }) {
         return refuse(
             format!("{key} is fenced {source_fence} on source shard {s}"),
@@ -340,7 +416,9 @@ pub(crate) async fn preflight(
             ),
         );
     }
-    let target_fence = fence::read(&target.client, key).await.map_err(at_target)?;
+    let target_fence = fence::read(&target.client, key)
+        .await
+        .at(Step::Preflight, g)?;
     if !matches!(target_fence, Fence::None | Fence::Moved { .. }) {
         return refuse(
             format!(
@@ -353,8 +431,17 @@ pub(crate) async fn preflight(
             ),
         );
     }
+    Ok((source_fence, target_fence))
+}
+
+/// Each table of the entity and its rows of the entity on the source.
+async fn rows_on_source(
+    source: &Side,
+    tables: &[EntityTable],
+    key: &EntityKey,
+) -> Result<Vec<(String, i64)>, Error> {
     let mut rows = Vec::new();
-    for t in &tables {
+    for t in tables {
         let n: i64 = source
             .client
             .query_one(
@@ -366,20 +453,11 @@ pub(crate) async fn preflight(
                 &[&key.entity_id],
             )
             .await
-            .map_err(at_source)?
+            .at(Step::Preflight, source.name())?
             .get(0);
         rows.push((t.name.clone(), n));
     }
-    let plan = Plan {
-        entity: key.clone(),
-        source: s.clone(),
-        target: g.clone(),
-        method,
-        tables: rows,
-        source_fence,
-        target_fence,
-    };
-    Ok((plan, tables, source, target))
+    Ok(rows)
 }
 
 /// Refuses unless the entity's id is canonical for `t`'s key column on `shard`, as the shard's own

@@ -10,6 +10,7 @@
 //! the directory's side, `release_expired_freeze`), and a mover that was only slow finds at
 //! its cutover that the lease ended and aborts instead.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use shard_directory_protocol::{EntityKey, State};
@@ -23,7 +24,8 @@ use crate::error::{At, Error, Failure, Left, Place, Step};
 use crate::fence::{self, Fence};
 use crate::integrity;
 use crate::logical::{self, Trouble};
-use crate::mover::Mover;
+use crate::observer::Observer;
+use crate::options::MoveOptions;
 use crate::phase::Phase;
 use crate::purge;
 use crate::record::{self, Method, MoveRecord};
@@ -65,7 +67,8 @@ async fn within<T>(
 
 /// One process driving one move.
 pub(crate) struct Run<'m> {
-    mover: &'m Mover,
+    options: &'m MoveOptions,
+    observer: Arc<dyn Observer>,
     directory: Client,
     pub(crate) record: MoveRecord,
     key: EntityKey,
@@ -88,7 +91,8 @@ pub(crate) struct Run<'m> {
 
 impl<'m> Run<'m> {
     pub(crate) fn new(
-        mover: &'m Mover,
+        options: &'m MoveOptions,
+        observer: Arc<dyn Observer>,
         directory: Client,
         record: MoveRecord,
         source: Side,
@@ -101,7 +105,8 @@ impl<'m> Run<'m> {
         let deadline = matches!(record.phase, Phase::Frozen | Phase::Verified)
             .then(|| Instant::now() + max_freeze(&record));
         Run {
-            mover,
+            options,
+            observer,
             directory,
             record,
             key,
@@ -123,7 +128,7 @@ impl<'m> Run<'m> {
     /// How long a freeze holds without a mover to end it: `--max-freeze` (the mover aborts
     /// itself then) and the grace for a mover that can no longer do even that.
     fn lease(&self) -> Duration {
-        max_freeze(&self.record) + self.mover.options.lease_grace
+        max_freeze(&self.record) + self.options.lease_grace
     }
 
     fn target(&self, step: Step) -> Result<&Side, Error> {
@@ -168,7 +173,7 @@ impl<'m> Run<'m> {
         let id = self.id();
         // Best effort: the directory may be what failed; the error is returned either way.
         let _ = record::set_error(&self.directory, id, &error.to_string()).await;
-        self.mover.observer.note(id, &format!("failed: {error}"));
+        self.observer.note(id, &format!("failed: {error}"));
         // This run's copy of the record may be behind the directory (a step committed, its
         // reload failed): decide from the directory's, or not at all.
         if self.reload().await.is_err() {
@@ -278,8 +283,7 @@ impl<'m> Run<'m> {
 
     async fn entered(&mut self) -> Result<(), Error> {
         self.reload().await?;
-        self.mover
-            .observer
+        self.observer
             .phase(self.record.move_id, self.record.phase)
             .await;
         Ok(())
@@ -290,7 +294,7 @@ impl<'m> Run<'m> {
     /// nothing, so it is worth another try rather than a failed move.
     async fn set_fence_patiently(&self, side: &Side, to: &Fence, step: Step) -> Result<(), Error> {
         let (client, key) = (&side.client, &self.key);
-        fence::patiently(self.mover.options.fence_patience, move || {
+        fence::patiently(self.options.fence_patience, move || {
             fence::set(client, key, to)
         })
         .await
@@ -438,7 +442,7 @@ impl<'m> Run<'m> {
                 step,
                 shard: shard.to_owned(),
                 what: what.to_owned(),
-                waited: self.mover.options.fence_patience,
+                waited: self.options.fence_patience,
                 blockers,
             },
         }
@@ -466,7 +470,7 @@ impl<'m> Run<'m> {
             &name,
             &self.source.endpoint.replication_conninfo,
             &signature,
-            self.mover.options.fence_patience,
+            self.options.fence_patience,
         )
         .await;
         subscription.map_err(|t| {
@@ -485,7 +489,7 @@ impl<'m> Run<'m> {
             for (table, ready, copied) in &state.tables {
                 if let Some(p) = self.record.tables.get_mut(table) {
                     p.copied = if *ready { p.rows } else { *copied };
-                    self.mover.observer.rows(id, table, p.copied, p.rows);
+                    self.observer.rows(id, table, p.copied, p.rows);
                 }
             }
             if state.all_ready() || saved.elapsed() > Duration::from_secs(1) {
@@ -503,7 +507,7 @@ impl<'m> Run<'m> {
                     .await
                     .at(Step::Sync, target.name());
             }
-            if started.elapsed() > self.mover.options.sync_timeout {
+            if started.elapsed() > self.options.sync_timeout {
                 // Tablesync slots wait for the source's transactions in progress, as the main
                 // slot did: name them.
                 let blockers = logical::transactions_in_progress(&self.source.client)
@@ -516,7 +520,7 @@ impl<'m> Run<'m> {
                          {}: {blockers})",
                         self.source.name()
                     ),
-                    after: self.mover.options.sync_timeout,
+                    after: self.options.sync_timeout,
                 });
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -536,7 +540,7 @@ impl<'m> Run<'m> {
             .await
             .at(step, source.as_str())?
         {
-            let limit = self.mover.options.max_slot_lag;
+            let limit = self.options.max_slot_lag;
             if lost || retained > limit {
                 return Err(Error::SlotLag {
                     step,
@@ -552,7 +556,7 @@ impl<'m> Run<'m> {
         }
         let target = self.target(step)?;
         if state.exists && !self.reenabled {
-            self.mover.observer.note(
+            self.observer.note(
                 self.id(),
                 &format!(
                     "subscription {name} on shard {} stopped after {} error(s) (its server log \
@@ -590,7 +594,7 @@ impl<'m> Run<'m> {
             if passed {
                 return Ok(confirmed);
             }
-            self.mover.observer.lag(self.id(), behind);
+            self.observer.lag(self.id(), behind);
             if Instant::now() >= deadline {
                 return Err(on_timeout());
             }
@@ -611,7 +615,7 @@ impl<'m> Run<'m> {
     async fn wait_for_small_lag(&mut self) -> Result<(), Error> {
         let started = Instant::now();
         let small = max_freeze(&self.record) / 4;
-        let limit = self.mover.options.sync_timeout;
+        let limit = self.options.sync_timeout;
         loop {
             let lsn = logical::catchup_position(&self.source.client)
                 .await
@@ -629,7 +633,7 @@ impl<'m> Run<'m> {
             let lag = logical::lag_bytes(&self.source.client, &self.record.replication_name)
                 .await
                 .at(Step::CatchUp, self.source.name())?;
-            self.mover.observer.note(
+            self.observer.note(
                 self.id(),
                 &format!(
                     "catch-up took {:?} (lag {lag} bytes); waiting for it to take under {small:?}",
@@ -656,7 +660,7 @@ impl<'m> Run<'m> {
     /// stays. Waits up to `--fence-wait` for none to have been open over a second; past that,
     /// stops (resumable, nothing frozen) naming them.
     async fn wait_for_open_checks(&self) -> Result<(), Error> {
-        let (started, patience) = (Instant::now(), self.mover.options.fence_patience);
+        let (started, patience) = (Instant::now(), self.options.fence_patience);
         loop {
             let lingering = fence::lingering_checks(&self.source.client)
                 .await
@@ -690,7 +694,6 @@ impl<'m> Run<'m> {
             .expect("recorded with the freeze");
         let lease = self.lease();
         let patience = self
-            .mover
             .options
             .fence_patience
             .min(deadline.saturating_duration_since(Instant::now()));
@@ -711,7 +714,7 @@ impl<'m> Run<'m> {
                 };
                 self.directory_step(DirectoryStep::Thaw, back).await?;
                 self.deadline = None;
-                self.mover.observer.note(
+                self.observer.note(
                     self.id(),
                     "the source's fence could not commit: the freeze was undone, the copy kept; \
                      `resume` tries again",
@@ -865,7 +868,7 @@ impl<'m> Run<'m> {
         let version = entry::current_version(&self.directory)
             .await
             .at(Step::Copy, Place::Directory)?;
-        let (id, observer, record) = (self.id(), &self.mover.observer, &self.record);
+        let (id, observer, record) = (self.id(), &self.observer, &self.record);
         copy::copy_rows(
             (&mut read, self.source.name()),
             (&mut write, target.name()),
@@ -932,14 +935,14 @@ impl<'m> Run<'m> {
         let version = entry::current_version(&self.directory)
             .await
             .at(Step::DeleteSource, Place::Directory)?;
-        let (id, observer) = (self.id(), self.mover.observer.clone());
+        let (id, observer) = (self.id(), self.observer.clone());
         let tables = &mut self.record.tables;
         purge::delete_rows(
             (&mut self.source.client, &self.source.endpoint.name),
             &self.tables,
             &self.key,
             version,
-            self.mover.options.delete_batch,
+            self.options.delete_batch,
             Step::DeleteSource,
             |table, deleted| {
                 if let Some(p) = tables.get_mut(table) {
@@ -984,7 +987,7 @@ impl<'m> Run<'m> {
             &self.tables,
             &self.key,
             version,
-            self.mover.options.delete_batch,
+            self.options.delete_batch,
             Step::Abort,
             |_, _| {},
         )

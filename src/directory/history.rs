@@ -4,12 +4,29 @@ use pgrx::prelude::*;
 
 use super::heap;
 use super::row::Entry;
-use super::statement::Bump;
 use super::transition::Transition;
 use super::writer::{self, Writer};
 use crate::catalog;
 use crate::error::{required, spi};
 use crate::privilege;
+
+/// The version a statement bumped to, and when: the time is taken while the version row is
+/// locked and never goes below the previous bump's, so it follows version (and commit) order.
+#[derive(Clone, Copy)]
+pub struct Bump {
+    pub version: i64,
+    pub at: TimestampWithTimeZone,
+}
+
+/// When the transaction started (`now()`): what `changed_at` and an entry's `updated_at`
+/// record.
+pub fn transaction_start() -> TimestampWithTimeZone {
+    spi(
+        "transaction start",
+        // SAFETY: reads the transaction's start time.
+        TimestampWithTimeZone::try_from(unsafe { pg_sys::GetCurrentTransactionStartTimestamp() }),
+    )
+}
 
 fn history_table() -> pg_sys::Oid {
     catalog::relation(c"shard_directory_history")
@@ -44,7 +61,7 @@ pub fn write(change: &Change, bump: Bump) {
     };
     let region = |e: Option<&Entry>| e.and_then(|e| e.region.as_deref()).into_datum();
     let txid = unsafe { pg_sys::GetTopFullTransactionId() }.value as i64;
-    let changed_at = super::triggers::now();
+    let changed_at = transaction_start();
     heap::insert(
         history_table(),
         &[

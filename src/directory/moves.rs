@@ -4,8 +4,8 @@
 
 use pgrx::prelude::*;
 
-use super::statement;
 use super::transition::{self, EntityKey, Placement, State, Transition};
+use super::version;
 use crate::error::{required, spi, SdError};
 use crate::{catalog, privilege};
 
@@ -83,7 +83,7 @@ fn step(
                 ],
             )?;
             // The step returns its version: taken now, not at commit.
-            statement::settle();
+            version::settle();
             // Read back, not RETURNING: RETURNING shows the stamp the row was written with, and
             // the statement stamps it again when another writer took that version first.
             c.select(

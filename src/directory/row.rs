@@ -5,10 +5,9 @@ use std::ffi::CStr;
 use pgrx::prelude::*;
 use pgrx::varlena;
 
+use super::columns;
 use super::transition::{self, EntityKey, Placement};
-use super::{columns, registry};
-use crate::catalog;
-use crate::error::{required, spi, SdError};
+use crate::error::{required, spi};
 
 pub struct Entry {
     pub key: EntityKey,
@@ -96,88 +95,5 @@ impl Entry {
             region: text(5),
             key,
         }
-    }
-
-    /// Every shard the entry names must be registered, and in the entry's region when both have
-    /// one.
-    pub fn check_shards(&self) -> Result<(), SdError> {
-        let named = [
-            Some(&self.placement.shard_name),
-            self.placement.target_shard.as_ref(),
-        ];
-        for shard in named.into_iter().flatten() {
-            // Held until this transaction ends, and read as committed now: the shard is not
-            // removed, nor its region changed, under an entry that names it (`registry`).
-            registry::hold(shard, false);
-            let found = shard_region(shard, &registry::Latest::take());
-            match found {
-                None => {
-                    return Err(SdError::UnknownShard {
-                        entity: self.key.clone(),
-                        shard: shard.clone(),
-                    })
-                }
-                Some(Some(shard_region)) => match &self.region {
-                    Some(entity_region) if *entity_region != shard_region => {
-                        return Err(SdError::RegionMismatch {
-                            entity: self.key.clone(),
-                            entity_region: entity_region.clone(),
-                            shard: shard.clone(),
-                            shard_region,
-                        })
-                    }
-                    _ => {}
-                },
-                Some(None) => {}
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The region of the registered shard `shard` (`None`: not registered; `Some(None)`: it has no
-/// region). Read straight through the registry's primary key, not through SQL: it is on every
-/// change's path, and with no statement there is no name or operator to resolve, so it needs
-/// neither the owner's rights nor a pinned `search_path`. It sees what is committed now.
-fn shard_region(shard: &str, latest: &registry::Latest) -> Option<Option<String>> {
-    let relid = catalog::relation(c"shards");
-    let key_datum = shard.into_datum().expect("text is never NULL");
-    // SAFETY: the relation is opened and closed here under AccessShareLock; the scan key, the
-    // snapshot (registered by the caller) and the tuple live across their use.
-    unsafe {
-        let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
-        let rel = pg_sys::table_open(relid, lock);
-        // Found in the open relation's descriptor: no catalog lookup per change.
-        let desc = (*rel).rd_att;
-        let [name_column, region_column] = positions(desc, [c"shard_name", c"region"]);
-        let mut key = std::mem::MaybeUninit::<pg_sys::ScanKeyData>::zeroed().assume_init();
-        pg_sys::ScanKeyInit(
-            &mut key,
-            name_column as pg_sys::AttrNumber,
-            pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
-            pg_sys::Oid::from(pg_sys::F_TEXTEQ),
-            key_datum,
-        );
-        // Compare as the index orders: in the column's collation, not ScanKeyInit's C.
-        key.sk_collation =
-            (*desc).attrs.as_slice((*desc).natts as usize)[name_column - 1].attcollation;
-        let scan = pg_sys::systable_beginscan(
-            rel,
-            pg_sys::RelationGetPrimaryKeyIndex(rel),
-            true,
-            latest.get(),
-            1,
-            &mut key,
-        );
-        let tuple = pg_sys::systable_getnext(scan);
-        let found = (!tuple.is_null()).then(|| {
-            let mut is_null = false;
-            let datum =
-                pg_sys::heap_getattr(tuple, region_column as i32, (*rel).rd_att, &mut is_null);
-            String::from_datum(datum, is_null)
-        });
-        pg_sys::systable_endscan(scan);
-        pg_sys::table_close(rel, lock);
-        found
     }
 }

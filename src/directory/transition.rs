@@ -1,11 +1,9 @@
 //! The move state machine: which changes of `state`, `shard_name` and `target_shard` are steps of
 //! a move, and which are refused. Pure Rust so that the triggers and the move functions share it.
 
-use std::fmt;
-
+pub use super::placement::{Placement, State};
 pub use crate::entity::EntityKey;
 use crate::error::SdError;
-pub use shard_directory_protocol::State;
 
 /// The state `s` (a `state` column's value) spells; an error naming the entity otherwise.
 pub fn parse_state(entity: &EntityKey, s: &str) -> Result<State, SdError> {
@@ -13,23 +11,6 @@ pub fn parse_state(entity: &EntityKey, s: &str) -> Result<State, SdError> {
         entity: entity.clone(),
         state: s.to_owned(),
     })
-}
-
-/// Where an entry is and where it is going.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Placement {
-    pub state: State,
-    pub shard_name: String,
-    pub target_shard: Option<String>,
-}
-
-impl fmt::Display for Placement {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.target_shard {
-            None => write!(f, "{} on {}", self.state, self.shard_name),
-            Some(t) => write!(f, "{} on {} (target {t})", self.state, self.shard_name),
-        }
-    }
 }
 
 /// What kind of change a permitted update is; recorded in history.

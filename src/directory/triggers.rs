@@ -11,18 +11,9 @@ use pgrx::prelude::*;
 use super::row::{self, Entry};
 use super::transition::{self, Transition};
 use super::writer::{self, Writer};
-use super::{heap, history, registry, statement};
+use super::{heap, history, registry, replica, version};
 use crate::error::{spi, SdError};
 use crate::{catalog, guc, privilege, TriggerResult};
-
-/// When the transaction started: `now()`.
-pub(super) fn now() -> TimestampWithTimeZone {
-    spi(
-        "transaction start",
-        // SAFETY: reads the transaction's start time.
-        TimestampWithTimeZone::try_from(unsafe { pg_sys::GetCurrentTransactionStartTimestamp() }),
-    )
-}
 
 fn op(trigger: &PgTrigger<'_>) -> PgTriggerOperation {
     spi("trigger operation", trigger.op())
@@ -103,25 +94,6 @@ fn unchanged(old: &Option<Entry>, new: &Option<Entry>) -> bool {
     matches!((old, new), (Some(o), Some(n)) if o.placement == n.placement && o.region == n.region)
 }
 
-/// Refuses a write of `table` (one of the directory's) in a session whose
-/// `session_replication_role` is `replica`: a logical replication worker's (a subscription
-/// copying the directory), or a superuser's. Their ordinary triggers would not run, and the
-/// directory's rules, versions, history and notifications are made by them. The row guards that
-/// call this fire in that role too (ENABLE ALWAYS).
-pub(super) fn refuse_replica_role(table: &'static str) {
-    // SAFETY: reads a setting of the backend's.
-    let replica = unsafe { pg_sys::SessionReplicationRole }
-        == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32;
-    if replica {
-        SdError::ReplicaWrite {
-            table,
-            // SAFETY: reads the backend's worker state.
-            logical: unsafe { pg_sys::IsLogicalWorker() },
-        }
-        .raise();
-    }
-}
-
 /// BEFORE STATEMENT: opens the statement's version frame.
 #[pg_trigger]
 fn shard_directory_statement_begin<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
@@ -130,7 +102,7 @@ fn shard_directory_statement_begin<'a>(trigger: &'a PgTrigger<'a>) -> TriggerRes
         "shard_directory_statement_begin",
         c"shard_directory",
     );
-    statement::begin(trigger.trigger_data().tg_relation);
+    version::begin(trigger.trigger_data().tg_relation);
     Ok(None)
 }
 
@@ -141,7 +113,7 @@ fn restore(new: &Entry, version: i64) {
     if let Err(e) = transition::check_restore(&new.key, &new.placement) {
         e.raise()
     }
-    statement::raise_to(version, None);
+    version::raise_to(version, None);
 }
 
 /// BEFORE ROW: the state machine, the shard registry and region rule, then the version stamp and
@@ -149,7 +121,7 @@ fn restore(new: &Entry, version: i64) {
 #[pg_trigger]
 fn shard_directory_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     let relid = own_table(trigger, "shard_directory_guard", c"shard_directory");
-    refuse_replica_role("shard_directory");
+    replica::refuse_replica_role("shard_directory");
     if let (PgTriggerOperation::Insert, (_, Some(row))) = (op(trigger), rows(trigger)) {
         let version = version_of(trigger, Some(row));
         if version > 0 && privilege::current_role_owns(relid) {
@@ -163,7 +135,7 @@ fn shard_directory_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
         // Keep the stored row as it is: nothing to version, nothing to record.
         return Ok(trigger.old().map(PgHeapTuple::into_owned));
     }
-    let stamp = statement::stamp();
+    let stamp = version::stamp();
     let (Some(new), Some(tuple)) = (new, trigger.new()) else {
         return Ok(trigger.old().map(PgHeapTuple::into_owned));
     };
@@ -171,13 +143,13 @@ fn shard_directory_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
         .as_ref()
         .is_none_or(|o| o.placement != new.placement || o.region != new.region);
     if placement_changed {
-        new.check_shards().unwrap_or_else(|e| e.raise());
+        registry::check(&new).unwrap_or_else(|e| e.raise());
     }
     let [version, updated_at, updated_by] =
         row::positions(desc(trigger), [c"version", c"updated_at", c"updated_by"]);
     let stamps = [
         (version, stamp.into_datum()),
-        (updated_at, now().into_datum()),
+        (updated_at, history::transaction_start().into_datum()),
         (
             updated_by,
             privilege::role_name(privilege::current_role()).into_datum(),
@@ -206,7 +178,7 @@ fn shard_directory_record_history<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResu
     let operation = op(trigger);
     if let (PgTriggerOperation::Insert, (_, Some(row))) = (&operation, rows(trigger)) {
         // An insert the statement did not stamp is a restored entry: its history is restored too.
-        if !statement::stamped_with(version_of(trigger, Some(row))) {
+        if !version::stamped_with(version_of(trigger, Some(row))) {
             return Ok(None);
         }
     }
@@ -217,7 +189,7 @@ fn shard_directory_record_history<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResu
     let (_, written) = rows(trigger);
     // SAFETY: the trigger's row is valid for the call; its t_self is where it was written.
     let row = written.map(|row| (unsafe { (*row).t_self }, version_of(trigger, Some(row))));
-    statement::record(
+    version::record(
         row,
         history::Change {
             old,
@@ -233,7 +205,7 @@ fn shard_directory_record_history<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResu
 #[pg_trigger]
 fn notify_directory_change<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     own_table(trigger, "notify_directory_change", c"shard_directory");
-    statement::end();
+    version::end();
     Ok(None)
 }
 
@@ -271,11 +243,11 @@ fn shard_directory_version_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResul
         "shard_directory_version_guard",
         c"shard_directory_version",
     );
-    refuse_replica_role("shard_directory_version");
+    replica::refuse_replica_role("shard_directory_version");
     match op(trigger) {
         PgTriggerOperation::Update => {
             // Any update of the row (a DBA's by hand too) is ordered with the bumps.
-            statement::lock_versions();
+            version::lock_versions();
             let (old, new) = rows(trigger);
             let (from, to) = (version_of(trigger, old), version_of(trigger, new));
             let allowed = to == from + 1 || (writer::writing(Writer::Restore) && to >= from);
@@ -285,7 +257,7 @@ fn shard_directory_version_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResul
             Ok(trigger.new().map(PgHeapTuple::into_owned))
         }
         PgTriggerOperation::Insert if privilege::current_role_owns(relid) => {
-            statement::raise_to(
+            version::raise_to(
                 version_of(trigger, rows(trigger).1),
                 trigger
                     .new()
@@ -307,7 +279,7 @@ fn shard_directory_history_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResul
         "shard_directory_history_guard",
         c"shard_directory_history",
     );
-    refuse_replica_role("shard_directory_history");
+    replica::refuse_replica_role("shard_directory_history");
     let (allowed, name) = match op(trigger) {
         PgTriggerOperation::Insert => (privilege::current_role_owns(relid), "INSERT"),
         PgTriggerOperation::Delete => (writer::writing(Writer::Purge), "DELETE"),

@@ -7,9 +7,9 @@ use std::ffi::CStr;
 use pgrx::prelude::*;
 
 use super::bypass;
+use super::cached::{self, Fence};
 use super::key::{self, KeyColumn};
 use super::locks;
-use super::state::{self, Fence};
 use super::stats::{self, Counter};
 use crate::catalog;
 use crate::entity::EntityRef;
@@ -30,7 +30,7 @@ fn refuse(e: SdError) -> ! {
 
 /// Shard-wide: `min_accepted`. The caller holds the check's lock ([`lock`]).
 fn check_shard(version: Option<i64>) {
-    let minimum = state::min_accepted();
+    let minimum = cached::min_accepted();
     match version {
         Some(v) if v >= minimum => {}
         client => refuse(SdError::StaleDirectory { client, minimum }),
@@ -47,7 +47,7 @@ enum Access {
 
 /// One entity's fence. The caller holds the check's lock ([`lock`]).
 fn check_entity(key: EntityRef<'_>, version: Option<i64>, access: Access) {
-    match state::fence(key) {
+    match cached::fence(key) {
         Some(Fence::Owned { min_version }) if version.is_none_or(|v| v < min_version) => {
             refuse(SdError::StaleEntity {
                 entity: key.to_key(),
@@ -74,7 +74,7 @@ fn check_entity(key: EntityRef<'_>, version: Option<i64>, access: Access) {
 
 /// Takes the check's lock, first: what the check reads and counts comes after it.
 fn lock() {
-    locks::check(state::tables().settings);
+    locks::check(cached::tables().settings);
 }
 
 fn request() -> Request {
@@ -90,7 +90,7 @@ fn check_request(access: Access) {
     let request = request();
     check_shard(request.version);
     if let Some(key) = request.entity {
-        state::require_canonical_declared(key);
+        cached::require_canonical_declared(key);
         check_entity(key, request.version, access);
     }
 }
@@ -161,7 +161,7 @@ pub fn shard_directory_protect_statement<'a>(trigger: &'a PgTrigger<'a>) -> Trig
     let data = trigger.trigger_data();
     if data.tg_event & pg_sys::TRIGGER_EVENT_OPMASK == pg_sys::TRIGGER_EVENT_TRUNCATE {
         if let Some((_, entity_type)) = row_protection(data.tg_relation) {
-            if let Some((entity, fence)) = state::frozen_or_moved(&entity_type) {
+            if let Some((entity, fence)) = cached::frozen_or_moved(&entity_type) {
                 refuse(SdError::TruncateFenced {
                     table: catalog::relation_name(unsafe { (*data.tg_relation).rd_id }),
                     entity,

@@ -8,16 +8,16 @@
 use pgrx::datum::Interval;
 use pgrx::prelude::*;
 
+use super::cached;
 use super::key;
 use super::locks;
-use super::state;
 use crate::entity::EntityKey;
 use crate::error::{required, spi, SdError};
 use crate::{catalog, privilege, TriggerResult};
 
 /// Runs an SPI write on the shard's tables as their owner.
 fn write(during: &'static str, sql: &str, args: &[pgrx::datum::DatumWithOid]) {
-    privilege::as_owner_of(state::tables().settings, || {
+    privilege::as_owner_of(cached::tables().settings, || {
         spi(during, Spi::run_with_args(sql, args))
     });
 }
@@ -27,10 +27,10 @@ fn write(during: &'static str, sql: &str, args: &[pgrx::datum::DatumWithOid]) {
 #[pg_extern(volatile)]
 fn raise_min_accepted(v: Option<i64>) -> i64 {
     let v = required(v, "v");
-    locks::exclusive(state::tables().settings, || {
+    locks::exclusive(cached::tables().settings, || {
         format!("raise_min_accepted({v})")
     });
-    let current = state::min_accepted();
+    let current = cached::min_accepted();
     if v <= current {
         SdError::MinAcceptedNotRaised {
             requested: v,
@@ -56,7 +56,7 @@ fn set_fence(
     moved_to: Option<&str>,
     lease: Option<Interval>,
 ) {
-    let columns = privilege::as_owner_of(state::tables().settings, || {
+    let columns = privilege::as_owner_of(cached::tables().settings, || {
         key::columns_of(&key.entity_type)
     });
     key::require_canonical(&key.entity_type, &key.entity_id, &columns);
@@ -178,7 +178,7 @@ pub fn shard_settings_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a>
         t.and_then(|t| spi("min_accepted", t.get_by_name::<i64>("min_accepted")))
             .unwrap_or(0)
     };
-    let tables = state::tables();
+    let tables = cached::tables();
     match spi("trigger operation", trigger.op()) {
         PgTriggerOperation::Update => {
             let (current, requested) = (min(trigger.old()), min(trigger.new()));
@@ -220,7 +220,7 @@ pub fn shard_fences_changed<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a>
         "shard_fences_changed",
         c"shard_fences",
     );
-    let tables = state::tables();
+    let tables = cached::tables();
     locks::exclusive(tables.settings, || {
         let key = trigger.new().or_else(|| trigger.old()).map(|t| {
             let text = |c: &str| spi("fence key", t.get_by_name::<String>(c)).unwrap_or_default();

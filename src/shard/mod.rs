@@ -2,22 +2,22 @@
 //!
 //! `check` is the rule (shard-wide `min_accepted`, then the entity's fence); `key` says which
 //! column types may key an entity and the one text form of a key; `locks` closes the
-//! gap between a check and a fence; `state` caches `min_accepted` and fences per backend, kept
+//! gap between a check and a fence; `cached` caches `min_accepted` and fences per backend, kept
 //! exactly as fresh as a query would be; `fences` and `protect` are the DBA's functions;
 //! `bypass` is the mover's one way through a fence; `sequences` advances a target's sequence
 //! past the source's, never backwards; `stats` counts rejections.
 
 pub(crate) mod bypass;
+mod cached;
 pub(crate) mod check;
 pub(crate) mod fences;
 mod key;
 pub(crate) mod locks;
 mod protect;
 mod sequences;
-mod state;
 pub mod stats;
 
 pub fn init() {
-    state::init();
+    cached::init();
     stats::init();
 }

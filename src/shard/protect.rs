@@ -11,9 +11,9 @@
 use pgrx::prelude::*;
 use pgrx::PgRelation;
 
+use super::cached;
 use super::check::{ROW_TRIGGER, STATEMENT_TRIGGER};
 use super::key;
-use super::state;
 use crate::error::{required, spi, SdError};
 use crate::{catalog, privilege};
 
@@ -56,9 +56,9 @@ fn as_protector(table: &PgRelation, f: impl FnOnce(pg_sys::Oid)) {
         }
         .raise();
     }
-    privilege::as_owner_of(state::tables().settings, || f(oid));
+    privilege::as_owner_of(cached::tables().settings, || f(oid));
     // Every backend's cache of the fences holds the key columns of each fenced type.
-    state::protection_changed();
+    cached::protection_changed();
 }
 
 /// Drops the triggers `protect` made on the table and its partitions (not the clones, which go

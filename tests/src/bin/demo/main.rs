@@ -241,418 +241,520 @@ fn logical_mover(t: &Topology, progress: Arc<Progress>) -> Mover {
     t.mover(options).with_observer(progress)
 }
 
-async fn scenario() -> Claims {
-    let mut claims = Claims::default();
-    println!("== starting throwaway clusters: a directory and three shards (PostgreSQL 15, the extension everywhere)");
-    let t = Topology::with_shards("demo", 3).await;
-    println!(
-        "   directory on 127.0.0.1:{}; {}",
-        t.directory.port(),
-        t.shards
-            .iter()
-            .map(|(n, c)| format!("{n} on :{}", c.port()))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    let mut ledger = Ledger::default();
-    for (tenant, home) in TENANTS.iter().zip(HOMES) {
-        t.add_tenant(tenant, home).await;
-    }
-    for item in t.seed_orders("shard_1", "8842", SEEDED, 1).await {
-        ledger.acked.insert(item, "8842".into());
-    }
-    let seeded = ledger.acked.len();
-    println!(
-        "   tenants {} on {} (orders and order_lines protected on every shard); {SEEDED} orders of 8842 already there",
-        TENANTS.join(", "),
-        HOMES.join(", ")
-    );
+/// The demo's clusters, application instances and workload, and the claims it has checked; one
+/// method per step of the guide's verification.
+struct Demo {
+    t: Topology,
+    claims: Claims,
+    instances: Vec<Instance>,
+    routers: Vec<Arc<Router>>,
+    workload: Workload,
+    /// A fifth instance, deliberately stale, in its own process (its own /metrics).
+    stale: StaleInstance,
+    /// The stale instance's orders, audited with the workload's.
+    extra: Ledger,
+    /// Orders of 8842 there before the workload began.
+    seeded: usize,
+}
 
-    println!("\n== {INSTANCES} application instances, each with its own Directory, Router and /debug/directory");
-    let mut instances = Vec::new();
-    for n in 1..=INSTANCES {
-        let i = Instance::start(&t, &format!("app-{n}")).await;
-        println!("   {} at http://{}/debug/directory", i.name, i.debug);
-        instances.push(i);
-    }
-    let routers: Vec<Arc<Router>> = instances.iter().map(|i| i.router.clone()).collect();
-    let workload = Workload::start(
-        &routers,
-        &TENANTS,
-        WRITERS_PER_INSTANCE,
-        PAUSE,
-        fastrand::u64(..),
-        ledger,
-    );
-    println!(
-        "   workload: {} writers, each an order with its line then a read, every {PAUSE:?}, over tenants {}",
-        INSTANCES * WRITERS_PER_INSTANCE,
-        TENANTS.join(", ")
-    );
-    // A fifth instance, deliberately stale, in its own process (its own /metrics).
-    let mut stale = StaleInstance::start(&t, "8842").await;
-    let mut extra = Ledger::default();
-    extra.acked.insert("stale-1".into(), "8842".into());
-    let route = stale.ask("route 8842").await;
-    println!(
-        "   app-stale (its own process: no LISTEN, hourly poll) at http://{}/debug/directory and \
-         http://{}/metrics wrote an order of 8842 ({route})",
-        stale.debug, stale.metrics
-    );
+/// What the move of step 1 did.
+struct Moved {
+    started: SystemTime,
+    cutover: i64,
+    freeze: Duration,
+}
 
-    println!("\n== 1. move tenant 8842 from shard_1 to shard_3 with the mover, under load");
-    print_rows("8842 before", &rows_per_shard(&t, "8842").await);
-    let before_move = SystemTime::now();
-    let moved = logical_mover(&t, Progress::new(None))
-        .start(&EntityKey::new("tenant", "8842"), "shard_3")
-        .await;
-    let record = match moved {
-        Ok(r) => r,
-        Err(e) => {
-            claims.check(false, format!("the move of 8842 finished: {e}"));
-            return claims;
-        }
-    };
-    let cutover = record.cutover_version.expect("a done move has its cutover");
-    let freeze = record.freeze_time().unwrap_or_default();
-    print_rows("8842 after ", &rows_per_shard(&t, "8842").await);
-    claims.check(
-        rows_per_shard(&t, "8842")
-            .await
-            .iter()
-            .all(|(s, o, l)| s == "shard_3" || (*o == 0 && *l == 0)),
-        format!(
-            "every row of 8842 is on shard_3, none left on shard_1 (writes refused for {})",
-            ms(freeze)
-        ),
-    );
-
-    println!("\n== 2. every instance converges on the cutover's version {cutover}");
-    let all = converged(&t, &instances, cutover).await;
-    claims.check(
-        all,
-        "all four instances knew the new version within a second",
-    );
-
-    println!("\n== 3. a deliberately stale client is refused, not served");
-    println!(
-        "   app-stale still routes 8842 by (shard, version): {}",
-        stale.ask("route 8842").await
-    );
-    let (moved_before, line) = stale.rejections("moved").await;
-    println!(
-        "   $ curl -s {}/metrics | grep rejections   ->  {line}",
-        stale.metrics
-    );
-    let refused = stale.ask("once 8842 stale-refused").await;
-    extra.unacked.insert("stale-refused".into(), "8842".into());
-    let (_, line) = stale.rejections("moved").await;
-    match refused
-        .strip_prefix("refused ")
-        .map(|r| r.split('\t').collect::<Vec<_>>())
-    {
-        Some(parts) if parts.len() == 4 => {
-            println!(
-                "   without retries, shard_1 answers: ERROR {}: {}\n     DETAIL: {}\n     HINT: {}",
-                parts[0], parts[1], parts[2], parts[3]
-            );
-            println!(
-                "   $ curl -s {}/metrics | grep rejections   ->  {line}",
-                stale.metrics
-            );
-            claims.check(
-                parts[0] == "40001",
-                "shard_1 refused the stale write with SQLSTATE 40001",
-            );
-        }
-        _ => claims.check(
-            false,
-            format!("shard_1 refused the stale write: got {refused}"),
-        ),
-    }
-    let landed = stale.ask("write 8842 stale-2").await;
-    let (moved_after, line) = stale.rejections("moved").await;
-    println!(
-        "   with retries (the default), the router learned the move from the refusal's DETAIL and retried: {landed}"
-    );
-    println!(
-        "   $ curl -s {}/metrics | grep rejections   ->  {line}",
-        stale.metrics
-    );
-    if landed == "committed" {
-        extra.acked.insert("stale-2".into(), "8842".into());
-    }
-    claims.check(
-        moved_after >= moved_before + 2,
-        format!("app-stale's rejection metric (moved) rose from {moved_before} to {moved_after} on its /metrics"),
-    );
-    let on_target = t
-        .shard("shard_3")
-        .await
-        .query_opt("SELECT 1 FROM orders WHERE item = 'stale-2'", &[])
-        .await
-        .unwrap()
-        .is_some();
-    claims.check(
-        landed == "committed" && on_target,
-        "its retry landed on shard_3",
-    );
-
-    println!(
-        "\n== 4. the guide's bare re-point is refused; history answers \"where was 8842 before?\""
-    );
-    let dba = t.dba().await;
-    let bare =
-        "UPDATE shard_directory.shard_directory SET shard_name = 'shard_1', version = version + 1 \
-                WHERE entity_type = 'tenant' AND entity_id = '8842'";
-    println!("   $ psql -c \"{bare}\"");
-    match dba.execute(bare, &[]).await {
-        Err(e) => {
-            let db = e.as_db_error();
-            println!(
-                "   ERROR {}: {}\n   HINT: {}",
-                db.map(|d| d.code().code()).unwrap_or("?"),
-                db.map(|d| d.message()).unwrap_or(""),
-                db.and_then(|d| d.hint()).unwrap_or("")
-            );
-            let unchanged = t.placement("8842").await == "shard_3";
-            claims.check(
-                db.is_some_and(|d| d.code().code() == "55000") && unchanged,
-                "the bare re-point of an active tenant was refused (55000), and changed nothing",
-            );
-        }
-        Ok(_) => claims.check(false, "the bare re-point of an active tenant was refused"),
-    }
-    let before_secs = before_move
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs_f64();
-    let row = dba
-        .query_one(
-            "SELECT to_timestamp($1)::text, shard_directory.placement_at('tenant', '8842', to_timestamp($1))",
-            &[&before_secs],
-        )
-        .await
-        .expect("placement_at");
-    let (before_ts, was): (String, Option<String>) = (row.get(0), row.get(1));
-    println!(
-        "   SELECT shard_directory.placement_at('tenant', '8842', '{before_ts}');  -> {}",
-        was.as_deref().unwrap_or("NULL")
-    );
-    for r in dba
-        .query(
-            "SELECT version, op, transition, old_shard, new_shard, new_state
-             FROM shard_directory.shard_directory_history WHERE entity_id = '8842' ORDER BY history_id",
-            &[],
-        )
-        .await
-        .expect("history")
-    {
+impl Demo {
+    /// Clusters, tenants, instances, the workload and the stale instance.
+    async fn start() -> Demo {
+        println!("== starting throwaway clusters: a directory and three shards (PostgreSQL 15, the extension everywhere)");
+        let t = Topology::with_shards("demo", 3).await;
         println!(
-            "   history: version {:>3}  {:<6} {:<16} {:<8} -> {:<8} {}",
-            r.get::<_, i64>(0),
-            r.get::<_, String>(1),
-            r.get::<_, Option<String>>(2).unwrap_or_default(),
-            r.get::<_, Option<String>>(3).unwrap_or_default(),
-            r.get::<_, Option<String>>(4).unwrap_or_default(),
-            r.get::<_, Option<String>>(5).unwrap_or_default()
-        );
-    }
-    claims.check(
-        was.as_deref() == Some("shard_1"),
-        "history says 8842 was on shard_1 before the move",
-    );
-
-    println!("\n== 5. block the directory: active tenants are served from cache, a tenant mid-move fails closed");
-    let hold = Progress::new(Some(Phase::Copying));
-    let mover = logical_mover(&t, hold.clone());
-    let mover_task = tokio::spawn(async move {
-        mover
-            .start(&EntityKey::new("tenant", "17"), "shard_1")
-            .await
-    });
-    hold.held.notified().await;
-    let migrating = t.step("SELECT shard_directory.current_version()").await;
-    for i in &instances {
-        within(DEADLINE, || async { i.learned_at(migrating) }).await;
-    }
-    println!("   tenant 17 is mid-move (migrating shard_2 -> shard_1, the mover held at its copy); every instance knows it");
-    // An instance serves from cache only what it has cached since the last change to it: the
-    // workload picks tenants at random, so an instance may not have routed one since.
-    for i in &instances {
-        for x in TENANTS {
-            i.directory()
-                .lookup("tenant", x)
-                .await
-                .expect("the directory is up");
-        }
-    }
-    println!("   every instance has looked up every tenant since its last change");
-    t.directory.stop();
-    println!("   directory stopped (pg_ctl stop)");
-    let disconnected = within(DEADLINE, || async {
-        instances
-            .iter()
-            .all(|i| !i.directory().is_connected())
-            .then_some(())
-    })
-    .await;
-    claims.check(disconnected.is_some(), "every instance noticed the outage");
-    let before = workload.ledger();
-    let count = |l: &Ledger, tenant: &str| l.acked.values().filter(|x| *x == tenant).count();
-    let served = within(DEADLINE, || async {
-        let now = workload.ledger();
-        (["8842", "23", "101"]
-            .iter()
-            .all(|x| count(&now, x) >= count(&before, x) + 10)
-            && now.failures_of("17") >= before.failures_of("17") + 3)
-            .then_some(now)
-    })
-    .await;
-    if let Some(now) = &served {
-        for x in TENANTS {
-            println!(
-                "   during the outage, tenant {x:>4}: {} writes committed, {} writes or reads failed",
-                count(now, x) - count(&before, x),
-                now.failures_of(x) - before.failures_of(x)
-            );
-        }
-    }
-    for i in &instances {
-        let view = i.debug_view().await;
-        let closed = i.directory().lookup("tenant", "17").await;
-        println!(
-            "   {}: connected {}, served from cache {} times; tenant 17: {}",
-            i.name,
-            view["connected"],
-            view["stats"]["serving_stale"],
-            match closed {
-                Ok(e) => format!("served ({:?}), which it must not be", e.state),
-                Err(e) => format!("{e}"),
-            }
-        );
-    }
-    claims.check(
-        served.as_ref().is_some_and(|now| {
-            ["8842", "23", "101"]
-                .iter()
-                .all(|x| now.failures_of(x) == before.failures_of(x))
-        }),
-        "active tenants kept committing from cache, with no failure; tenant 17 failed closed",
-    );
-
-    t.directory.restart();
-    let back = within(DEADLINE, || async {
-        instances
-            .iter()
-            .all(|i| i.directory().is_connected())
-            .then_some(())
-    })
-    .await;
-    claims.check(
-        back.is_some(),
-        "the directory restarted and every instance reconnected",
-    );
-    hold.release.notify_one();
-    let record_17 = match mover_task.await.expect("the mover task") {
-        Ok(r) => Ok(r),
-        Err(failure) => {
-            println!(
-                "   the mover lost its directory connection in the outage and stopped ({}); `resume` continues it:",
-                failure.error
-            );
-            match failure.move_id {
-                Some(id) => {
-                    t.mover(MoveOptions::default())
-                        .with_observer(Progress::new(None))
-                        .resume(id)
-                        .await
-                }
-                None => Err(failure),
-            }
-        }
-    };
-    match &record_17 {
-        Ok(r) => {
-            let v = r.cutover_version.expect("done");
-            println!("   tenant 17 moved to shard_1 at version {v}; the instances converge:");
-            let all = converged(&t, &instances, v).await;
-            claims.check(all, "after the restart, every instance knew the new version within a second of its commit");
-        }
-        Err(e) => claims.check(
-            false,
-            format!("the move of tenant 17 finished after the outage: {e}"),
-        ),
-    }
-
-    println!("\n== summary");
-    let mut ledger = workload.stop().await;
-    let (attempted, committed) = (ledger.attempted(seeded), ledger.acked.len() - seeded);
-    let failed_writes: u64 = ledger.failed.values().sum();
-    let (reads, failed_reads) = (ledger.reads, ledger.failed_reads.values().sum::<u64>());
-    // The stale instance's orders are audited too.
-    ledger.acked.extend(extra.acked);
-    ledger.unacked.extend(extra.unacked);
-    let audit = Audit::of(&t, &ledger).await;
-    let by_reason = refusals(&routers);
-    let retries: u64 = routers.iter().map(|r| r.directory().stats().retries).sum();
-    let mut failed: BTreeMap<String, u64> = BTreeMap::new();
-    for ((tenant, kind), n) in &ledger.failed {
-        *failed
-            .entry(format!("{kind} (tenant {tenant})"))
-            .or_default() += n;
-    }
-    println!("   writes attempted   {attempted} (by the workload)");
-    println!("   writes committed   {committed}");
-    println!(
-        "   retried            {retries} (by the workload); shard refusals by reason {by_reason:?}"
-    );
-    println!("   writes failed      {failed_writes} {failed:?}");
-    for (kind, e) in &ledger.first_error {
-        println!("     first {kind}: {e}");
-    }
-    println!("   reads              {reads} ok, {failed_reads} failed");
-    println!("   rows per tenant per shard (orders/lines):");
-    println!(
-        "     tenant  {}",
-        t.shards
-            .iter()
-            .map(|(s, _)| format!("{s:>14}"))
-            .collect::<String>()
-    );
-    for tenant in TENANTS {
-        println!(
-            "     {tenant:>6}  {}",
+            "   directory on 127.0.0.1:{}; {}",
+            t.directory.port(),
             t.shards
                 .iter()
-                .map(|(s, _)| {
-                    let (o, l) = audit.rows_of(tenant, s);
-                    format!("{:>14}", format!("{o}/{l}"))
-                })
-                .collect::<String>()
+                .map(|(n, c)| format!("{n} on :{}", c.port()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let mut ledger = Ledger::default();
+        for (tenant, home) in TENANTS.iter().zip(HOMES) {
+            t.add_tenant(tenant, home).await;
+        }
+        for item in t.seed_orders("shard_1", "8842", SEEDED, 1).await {
+            ledger.acked.insert(item, "8842".into());
+        }
+        let seeded = ledger.acked.len();
+        println!(
+            "   tenants {} on {} (orders and order_lines protected on every shard); {SEEDED} orders of 8842 already there",
+            TENANTS.join(", "),
+            HOMES.join(", ")
+        );
+
+        println!("\n== {INSTANCES} application instances, each with its own Directory, Router and /debug/directory");
+        let mut instances = Vec::new();
+        for n in 1..=INSTANCES {
+            let i = Instance::start(&t, &format!("app-{n}")).await;
+            println!("   {} at http://{}/debug/directory", i.name, i.debug);
+            instances.push(i);
+        }
+        let routers: Vec<Arc<Router>> = instances.iter().map(|i| i.router.clone()).collect();
+        let workload = Workload::start(
+            &routers,
+            &TENANTS,
+            WRITERS_PER_INSTANCE,
+            PAUSE,
+            fastrand::u64(..),
+            ledger,
+        );
+        println!(
+            "   workload: {} writers, each an order with its line then a read, every {PAUSE:?}, over tenants {}",
+            INSTANCES * WRITERS_PER_INSTANCE,
+            TENANTS.join(", ")
+        );
+        // A fifth instance, deliberately stale, in its own process (its own /metrics).
+        let mut stale = StaleInstance::start(&t, "8842").await;
+        let mut extra = Ledger::default();
+        extra.acked.insert("stale-1".into(), "8842".into());
+        let route = stale.ask("route 8842").await;
+        println!(
+            "   app-stale (its own process: no LISTEN, hourly poll) at http://{}/debug/directory and \
+             http://{}/metrics wrote an order of 8842 ({route})",
+            stale.debug, stale.metrics
+        );
+        Demo {
+            t,
+            claims: Claims::default(),
+            instances,
+            routers,
+            workload,
+            stale,
+            extra,
+            seeded,
+        }
+    }
+
+    /// Step 1: tenant 8842 moved by the mover under load.
+    async fn move_under_load(&mut self) -> Option<Moved> {
+        let Demo { t, claims, .. } = self;
+        println!("\n== 1. move tenant 8842 from shard_1 to shard_3 with the mover, under load");
+        print_rows("8842 before", &rows_per_shard(t, "8842").await);
+        let before_move = SystemTime::now();
+        let moved = logical_mover(t, Progress::new(None))
+            .start(&EntityKey::new("tenant", "8842"), "shard_3")
+            .await;
+        let record = match moved {
+            Ok(r) => r,
+            Err(e) => {
+                claims.check(false, format!("the move of 8842 finished: {e}"));
+                return None;
+            }
+        };
+        let cutover = record.cutover_version.expect("a done move has its cutover");
+        let freeze = record.freeze_time().unwrap_or_default();
+        print_rows("8842 after ", &rows_per_shard(t, "8842").await);
+        claims.check(
+            rows_per_shard(t, "8842")
+                .await
+                .iter()
+                .all(|(s, o, l)| s == "shard_3" || (*o == 0 && *l == 0)),
+            format!(
+                "every row of 8842 is on shard_3, none left on shard_1 (writes refused for {})",
+                ms(freeze)
+            ),
+        );
+        Some(Moved {
+            started: before_move,
+            cutover,
+            freeze,
+        })
+    }
+
+    /// Step 2: every instance converges on the cutover's version.
+    async fn instances_converge(&mut self, cutover: i64) {
+        let Demo {
+            t,
+            claims,
+            instances,
+            ..
+        } = self;
+        println!("\n== 2. every instance converges on the cutover's version {cutover}");
+        let all = converged(t, instances, cutover).await;
+        claims.check(
+            all,
+            "all four instances knew the new version within a second",
         );
     }
-    println!(
-        "   rows lost          {} (acknowledged orders found nowhere); stored twice {}; on a shard the directory does not name {}",
-        audit.lost.len(),
-        audit.duplicated.len(),
-        audit.misplaced.len()
-    );
-    println!(
-        "   move of 8842       {} orders with their lines, writes refused for {}",
-        SEEDED,
-        ms(freeze)
-    );
-    claims.check(audit.holds(), format!("no acknowledged order lost, none stored twice or on a shard the directory does not name ({})", if audit.holds() { "0 lost".to_owned() } else { audit.problems() }));
-    claims.check(
-        ledger.failed.keys().all(|(tenant, _)| tenant == "17"),
-        "the only failed writes were tenant 17's, during the outage",
-    );
-    claims.check(
-        ledger.fatal.is_empty(),
-        "every error the application saw was retryable",
-    );
-    claims
+
+    /// Step 3: a deliberately stale client is refused, then retries to the right shard.
+    async fn stale_client_is_refused(&mut self) {
+        let Demo {
+            t,
+            claims,
+            stale,
+            extra,
+            ..
+        } = self;
+        println!("\n== 3. a deliberately stale client is refused, not served");
+        println!(
+            "   app-stale still routes 8842 by (shard, version): {}",
+            stale.ask("route 8842").await
+        );
+        let (moved_before, line) = stale.rejections("moved").await;
+        println!(
+            "   $ curl -s {}/metrics | grep rejections   ->  {line}",
+            stale.metrics
+        );
+        let refused = stale.ask("once 8842 stale-refused").await;
+        extra.unacked.insert("stale-refused".into(), "8842".into());
+        let (_, line) = stale.rejections("moved").await;
+        match refused
+            .strip_prefix("refused ")
+            .map(|r| r.split('\t').collect::<Vec<_>>())
+        {
+            Some(parts) if parts.len() == 4 => {
+                println!(
+                    "   without retries, shard_1 answers: ERROR {}: {}\n     DETAIL: {}\n     HINT: {}",
+                    parts[0], parts[1], parts[2], parts[3]
+                );
+                println!(
+                    "   $ curl -s {}/metrics | grep rejections   ->  {line}",
+                    stale.metrics
+                );
+                claims.check(
+                    parts[0] == "40001",
+                    "shard_1 refused the stale write with SQLSTATE 40001",
+                );
+            }
+            _ => claims.check(
+                false,
+                format!("shard_1 refused the stale write: got {refused}"),
+            ),
+        }
+        let landed = stale.ask("write 8842 stale-2").await;
+        let (moved_after, line) = stale.rejections("moved").await;
+        println!(
+            "   with retries (the default), the router learned the move from the refusal's DETAIL and retried: {landed}"
+        );
+        println!(
+            "   $ curl -s {}/metrics | grep rejections   ->  {line}",
+            stale.metrics
+        );
+        if landed == "committed" {
+            extra.acked.insert("stale-2".into(), "8842".into());
+        }
+        claims.check(
+            moved_after >= moved_before + 2,
+            format!("app-stale's rejection metric (moved) rose from {moved_before} to {moved_after} on its /metrics"),
+        );
+        let on_target = t
+            .shard("shard_3")
+            .await
+            .query_opt("SELECT 1 FROM orders WHERE item = 'stale-2'", &[])
+            .await
+            .unwrap()
+            .is_some();
+        claims.check(
+            landed == "committed" && on_target,
+            "its retry landed on shard_3",
+        );
+    }
+
+    /// Step 4: the guide's bare re-point is refused; history answers where 8842 was.
+    async fn repoint_refused_and_history(&mut self, before_move: SystemTime) {
+        let Demo { t, claims, .. } = self;
+        println!(
+            "\n== 4. the guide's bare re-point is refused; history answers \"where was 8842 before?\""
+        );
+        let dba = t.dba().await;
+        let bare =
+            "UPDATE shard_directory.shard_directory SET shard_name = 'shard_1', version = version + 1 \
+                    WHERE entity_type = 'tenant' AND entity_id = '8842'";
+        println!("   $ psql -c \"{bare}\"");
+        match dba.execute(bare, &[]).await {
+            Err(e) => {
+                let db = e.as_db_error();
+                println!(
+                    "   ERROR {}: {}\n   HINT: {}",
+                    db.map(|d| d.code().code()).unwrap_or("?"),
+                    db.map(|d| d.message()).unwrap_or(""),
+                    db.and_then(|d| d.hint()).unwrap_or("")
+                );
+                let unchanged = t.placement("8842").await == "shard_3";
+                claims.check(
+                    db.is_some_and(|d| d.code().code() == "55000") && unchanged,
+                    "the bare re-point of an active tenant was refused (55000), and changed nothing",
+                );
+            }
+            Ok(_) => claims.check(false, "the bare re-point of an active tenant was refused"),
+        }
+        let before_secs = before_move
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        let row = dba
+            .query_one(
+                "SELECT to_timestamp($1)::text, shard_directory.placement_at('tenant', '8842', to_timestamp($1))",
+                &[&before_secs],
+            )
+            .await
+            .expect("placement_at");
+        let (before_ts, was): (String, Option<String>) = (row.get(0), row.get(1));
+        println!(
+            "   SELECT shard_directory.placement_at('tenant', '8842', '{before_ts}');  -> {}",
+            was.as_deref().unwrap_or("NULL")
+        );
+        for r in dba
+            .query(
+                "SELECT version, op, transition, old_shard, new_shard, new_state
+                 FROM shard_directory.shard_directory_history WHERE entity_id = '8842' ORDER BY history_id",
+                &[],
+            )
+            .await
+            .expect("history")
+        {
+            println!(
+                "   history: version {:>3}  {:<6} {:<16} {:<8} -> {:<8} {}",
+                r.get::<_, i64>(0),
+                r.get::<_, String>(1),
+                r.get::<_, Option<String>>(2).unwrap_or_default(),
+                r.get::<_, Option<String>>(3).unwrap_or_default(),
+                r.get::<_, Option<String>>(4).unwrap_or_default(),
+                r.get::<_, Option<String>>(5).unwrap_or_default()
+            );
+        }
+        claims.check(
+            was.as_deref() == Some("shard_1"),
+            "history says 8842 was on shard_1 before the move",
+        );
+    }
+
+    /// Step 5: the directory blocked. Active tenants are served from cache, a tenant mid-move
+    /// fails closed, and its move resumes after.
+    async fn directory_outage(&mut self) {
+        let Demo {
+            t,
+            claims,
+            instances,
+            workload,
+            ..
+        } = self;
+        println!("\n== 5. block the directory: active tenants are served from cache, a tenant mid-move fails closed");
+        let hold = Progress::new(Some(Phase::Copying));
+        let mover = logical_mover(t, hold.clone());
+        let mover_task = tokio::spawn(async move {
+            mover
+                .start(&EntityKey::new("tenant", "17"), "shard_1")
+                .await
+        });
+        hold.held.notified().await;
+        let migrating = t.step("SELECT shard_directory.current_version()").await;
+        for i in instances.iter() {
+            within(DEADLINE, || async { i.learned_at(migrating) }).await;
+        }
+        println!("   tenant 17 is mid-move (migrating shard_2 -> shard_1, the mover held at its copy); every instance knows it");
+        // An instance serves from cache only what it has cached since the last change to it: the
+        // workload picks tenants at random, so an instance may not have routed one since.
+        for i in instances.iter() {
+            for x in TENANTS {
+                i.directory()
+                    .lookup("tenant", x)
+                    .await
+                    .expect("the directory is up");
+            }
+        }
+        println!("   every instance has looked up every tenant since its last change");
+        t.directory.stop();
+        println!("   directory stopped (pg_ctl stop)");
+        let disconnected = within(DEADLINE, || async {
+            instances
+                .iter()
+                .all(|i| !i.directory().is_connected())
+                .then_some(())
+        })
+        .await;
+        claims.check(disconnected.is_some(), "every instance noticed the outage");
+        let before = workload.ledger();
+        let count = |l: &Ledger, tenant: &str| l.acked.values().filter(|x| *x == tenant).count();
+        let served = within(DEADLINE, || async {
+            let now = workload.ledger();
+            (["8842", "23", "101"]
+                .iter()
+                .all(|x| count(&now, x) >= count(&before, x) + 10)
+                && now.failures_of("17") >= before.failures_of("17") + 3)
+                .then_some(now)
+        })
+        .await;
+        if let Some(now) = &served {
+            for x in TENANTS {
+                println!(
+                    "   during the outage, tenant {x:>4}: {} writes committed, {} writes or reads failed",
+                    count(now, x) - count(&before, x),
+                    now.failures_of(x) - before.failures_of(x)
+                );
+            }
+        }
+        for i in instances.iter() {
+            let view = i.debug_view().await;
+            let closed = i.directory().lookup("tenant", "17").await;
+            println!(
+                "   {}: connected {}, served from cache {} times; tenant 17: {}",
+                i.name,
+                view["connected"],
+                view["stats"]["serving_stale"],
+                match closed {
+                    Ok(e) => format!("served ({:?}), which it must not be", e.state),
+                    Err(e) => format!("{e}"),
+                }
+            );
+        }
+        claims.check(
+            served.as_ref().is_some_and(|now| {
+                ["8842", "23", "101"]
+                    .iter()
+                    .all(|x| now.failures_of(x) == before.failures_of(x))
+            }),
+            "active tenants kept committing from cache, with no failure; tenant 17 failed closed",
+        );
+
+        t.directory.restart();
+        let back = within(DEADLINE, || async {
+            instances
+                .iter()
+                .all(|i| i.directory().is_connected())
+                .then_some(())
+        })
+        .await;
+        claims.check(
+            back.is_some(),
+            "the directory restarted and every instance reconnected",
+        );
+        hold.release.notify_one();
+        let record_17 = match mover_task.await.expect("the mover task") {
+            Ok(r) => Ok(r),
+            Err(failure) => {
+                println!(
+                    "   the mover lost its directory connection in the outage and stopped ({}); `resume` continues it:",
+                    failure.error
+                );
+                match failure.move_id {
+                    Some(id) => {
+                        t.mover(MoveOptions::default())
+                            .with_observer(Progress::new(None))
+                            .resume(id)
+                            .await
+                    }
+                    None => Err(failure),
+                }
+            }
+        };
+        match &record_17 {
+            Ok(r) => {
+                let v = r.cutover_version.expect("done");
+                println!("   tenant 17 moved to shard_1 at version {v}; the instances converge:");
+                let all = converged(t, instances, v).await;
+                claims.check(all, "after the restart, every instance knew the new version within a second of its commit");
+            }
+            Err(e) => claims.check(
+                false,
+                format!("the move of tenant 17 finished after the outage: {e}"),
+            ),
+        }
+    }
+
+    /// The summary: what the workload did, and the audit of every acknowledged order.
+    async fn summary(self, freeze: Duration) -> Claims {
+        let Demo {
+            t,
+            mut claims,
+            routers,
+            workload,
+            extra,
+            seeded,
+            ..
+        } = self;
+        println!("\n== summary");
+        let mut ledger = workload.stop().await;
+        let (attempted, committed) = (ledger.attempted(seeded), ledger.acked.len() - seeded);
+        let failed_writes: u64 = ledger.failed.values().sum();
+        let (reads, failed_reads) = (ledger.reads, ledger.failed_reads.values().sum::<u64>());
+        // The stale instance's orders are audited too.
+        ledger.acked.extend(extra.acked);
+        ledger.unacked.extend(extra.unacked);
+        let audit = Audit::of(&t, &ledger).await;
+        let by_reason = refusals(&routers);
+        let retries: u64 = routers.iter().map(|r| r.directory().stats().retries).sum();
+        let mut failed: BTreeMap<String, u64> = BTreeMap::new();
+        for ((tenant, kind), n) in &ledger.failed {
+            *failed
+                .entry(format!("{kind} (tenant {tenant})"))
+                .or_default() += n;
+        }
+        println!("   writes attempted   {attempted} (by the workload)");
+        println!("   writes committed   {committed}");
+        println!(
+            "   retried            {retries} (by the workload); shard refusals by reason {by_reason:?}"
+        );
+        println!("   writes failed      {failed_writes} {failed:?}");
+        for (kind, e) in &ledger.first_error {
+            println!("     first {kind}: {e}");
+        }
+        println!("   reads              {reads} ok, {failed_reads} failed");
+        println!("   rows per tenant per shard (orders/lines):");
+        println!(
+            "     tenant  {}",
+            t.shards
+                .iter()
+                .map(|(s, _)| format!("{s:>14}"))
+                .collect::<String>()
+        );
+        for tenant in TENANTS {
+            println!(
+                "     {tenant:>6}  {}",
+                t.shards
+                    .iter()
+                    .map(|(s, _)| {
+                        let (o, l) = audit.rows_of(tenant, s);
+                        format!("{:>14}", format!("{o}/{l}"))
+                    })
+                    .collect::<String>()
+            );
+        }
+        println!(
+            "   rows lost          {} (acknowledged orders found nowhere); stored twice {}; on a shard the directory does not name {}",
+            audit.lost.len(),
+            audit.duplicated.len(),
+            audit.misplaced.len()
+        );
+        println!(
+            "   move of 8842       {} orders with their lines, writes refused for {}",
+            SEEDED,
+            ms(freeze)
+        );
+        claims.check(audit.holds(), format!("no acknowledged order lost, none stored twice or on a shard the directory does not name ({})", if audit.holds() { "0 lost".to_owned() } else { audit.problems() }));
+        claims.check(
+            ledger.failed.keys().all(|(tenant, _)| tenant == "17"),
+            "the only failed writes were tenant 17's, during the outage",
+        );
+        claims.check(
+            ledger.fatal.is_empty(),
+            "every error the application saw was retryable",
+        );
+        claims
+    }
+}
+
+async fn scenario() -> Claims {
+    let mut demo = Demo::start().await;
+    let Some(moved) = demo.move_under_load().await else {
+        return demo.claims;
+    };
+    demo.instances_converge(moved.cutover).await;
+    demo.stale_client_is_refused().await;
+    demo.repoint_refused_and_history(moved.started).await;
+    demo.directory_outage().await;
+    demo.summary(moved.freeze).await
 }
 
 #[tokio::main]

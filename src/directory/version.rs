@@ -33,20 +33,12 @@ use std::cell::{Cell, RefCell};
 use pgrx::prelude::*;
 use shard_directory_protocol::CHANNEL;
 
-use super::history::{self, Change};
+use super::history::{self, Bump, Change};
 use super::writer::{self, Writer};
 use super::{heap, latest};
 use crate::catalog;
 use crate::error::{spi, SdError};
 use crate::privilege;
-
-/// The version a statement bumped to, and when: the time is taken while the version row is
-/// locked and never goes below the previous bump's, so it follows version (and commit) order.
-#[derive(Clone, Copy)]
-pub struct Bump {
-    pub version: i64,
-    pub at: TimestampWithTimeZone,
-}
 
 /// Changes a transaction keeps waiting for their versions; past this it takes the version lock
 /// at once (the waiting history is memory: about half a kilobyte per change).
@@ -123,7 +115,7 @@ const NEEDED: [&std::ffi::CStr; 3] = [
 /// Refuses a statement on `relation` when one of [`NEEDED`] would not fire in this session (it
 /// is dropped or disabled, or the session is a replica's).
 fn require_triggers(relation: pg_sys::Relation) {
-    super::triggers::refuse_replica_role("shard_directory");
+    super::replica::refuse_replica_role("shard_directory");
     // SAFETY: the trigger descriptor lives as long as the open relation (the trigger's).
     let triggers = unsafe {
         let desc = (*relation).trigdesc;

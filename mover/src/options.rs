@@ -1,0 +1,59 @@
+//! How a move is made: the method, the freeze budget, what is kept, how long each wait lasts.
+
+use std::time::Duration;
+
+/// Which method to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MethodChoice {
+    /// `logical` when the source has `wal_level = logical`, else `copy`.
+    #[default]
+    Auto,
+    Logical,
+    Copy,
+}
+
+#[derive(Debug, Clone)]
+pub struct MoveOptions {
+    pub method: MethodChoice,
+    /// Longest time the entity's writes may be refused; past it the move aborts itself.
+    pub max_freeze: Duration,
+    /// Leave the entity's rows on the source (fenced `moved`, so nobody reads or writes them).
+    pub keep_source: bool,
+    /// Longest time the initial copy, and the catch-up before the freeze, may take. Past it the
+    /// move stops, resumable; the entity stays writable throughout.
+    pub sync_timeout: Duration,
+    /// Rows deleted per transaction when clearing a shard of the entity's rows.
+    pub delete_batch: i64,
+    /// Tables (`schema.table`) with a column named like the entity's key column that does not
+    /// hold entity ids: preflight otherwise refuses a table it cannot tell from an unprotected
+    /// table of the entity.
+    pub unrelated_tables: Vec<String>,
+    /// How long a fence change (or the replication slot's creation) may keep waiting behind a
+    /// shard's transactions in flight before the step gives up: each try waits
+    /// `shard_directory.fence_wait_timeout`, then the fence is tried again.
+    pub fence_patience: Duration,
+    /// WAL the move's replication slot may keep on the source (bytes); past it the move is
+    /// undone, before the source's disk fills for every tenant of the shard.
+    pub max_slot_lag: i64,
+    /// How much longer than `max_freeze` a freeze's lease runs. The mover ends a freeze itself
+    /// by `max_freeze`; the lease ends one whose mover vanished (the shard admits the entity's
+    /// clients again, and routers release it in the directory), and a mover that was only slow
+    /// finds it ended and does not cut over.
+    pub lease_grace: Duration,
+}
+
+impl Default for MoveOptions {
+    fn default() -> Self {
+        MoveOptions {
+            method: MethodChoice::Auto,
+            max_freeze: Duration::from_secs(10),
+            keep_source: false,
+            sync_timeout: Duration::from_secs(30 * 60),
+            delete_batch: 10_000,
+            unrelated_tables: Vec::new(),
+            fence_patience: Duration::from_secs(60),
+            max_slot_lag: 1 << 30,
+            lease_grace: Duration::from_secs(10),
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! Who may do what: writers need no grant on the bookkeeping tables and cannot forge them, the
+//! trigger functions cannot be borrowed, the check needs no grant, `allow_repoint` needs one.
+
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+    use pgrx::PgSqlErrorCode::*;
+
+    use crate::pg_tests::helpers::*;
+
+    /// A role with privileges on `shard_directory` alone, as README's "Roles and grants" gives it.
+    fn as_writer() {
+        Spi::run(
+            "CREATE ROLE sd_writer; GRANT USAGE ON SCHEMA shard_directory TO sd_writer; \
+             GRANT SELECT, INSERT, UPDATE, DELETE ON shard_directory.shard_directory TO sd_writer; \
+             SET LOCAL ROLE sd_writer",
+        )
+        .unwrap();
+    }
+
+    #[pg_test]
+    fn a_writer_needs_no_grant_on_version_or_history_and_cannot_forge_them() {
+        setup();
+        as_writer();
+        let v = version();
+        change(
+            "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) VALUES ('tenant', '9', 'shard_2'); \
+             UPDATE shard_directory.shard_directory SET region = 'eu' WHERE entity_id = '9'; \
+             SELECT shard_directory.begin_move('tenant', '9', 'shard_1'); \
+             SELECT shard_directory.abort_move('tenant', '9'); \
+             DELETE FROM shard_directory.shard_directory WHERE entity_id = '9'",
+        );
+        assert_eq!(version(), v + 5);
+        for sql in [
+            "UPDATE shard_directory.shard_directory_version SET version = 9223372036854775807",
+            "INSERT INTO shard_directory.shard_directory_history (op, transition, entity_type, entity_id, version, version_at) \
+             VALUES ('insert', 'insert', 'tenant', 'forged', 1, now())",
+            "SELECT shard_directory.purge_history(now())",
+            "SET shard_directory.allow_repoint = on",
+            "SELECT shard_directory.raise_min_accepted(5)",
+            "SELECT shard_directory.fence_frozen('tenant', '1')",
+            "SELECT shard_directory.fence_owned('tenant', '1', 1)",
+            "SELECT shard_directory.fence_moved('tenant', '1', 'shard_2', 1)",
+            "SELECT shard_directory.unfence('tenant', '1')",
+            "SELECT shard_directory.bypass_fence('tenant', '1')",
+        ] {
+            assert_eq!(refusal(sql).code, ERRCODE_INSUFFICIENT_PRIVILEGE, "{sql}");
+        }
+        Spi::run("RESET ROLE").unwrap();
+        let by: String = one(
+            "SELECT string_agg(DISTINCT changed_by, ',') FROM shard_directory.shard_directory_history \
+             WHERE entity_id = '9'",
+        );
+        assert_eq!(
+            by, "sd_writer",
+            "history names the writer, not the owner acting for it"
+        );
+    }
+
+    #[pg_test]
+    fn trigger_functions_cannot_be_borrowed() {
+        as_writer();
+        Spi::run("CREATE TEMP TABLE mine (op text)").unwrap();
+        for function in [
+            "shard_directory_record_history",
+            "shard_directory_guard",
+            "shard_settings_guard",
+            "shard_fences_changed",
+            "shard_directory_protect_row",
+        ] {
+            let sql = format!(
+                "CREATE TRIGGER t BEFORE INSERT ON mine FOR EACH ROW EXECUTE FUNCTION shard_directory.{function}()"
+            );
+            assert_eq!(refusal(&sql).code, ERRCODE_INSUFFICIENT_PRIVILEGE, "{sql}");
+        }
+        // even a role that may attach them (here the superuser) finds they refuse a foreign table
+        Spi::run("RESET ROLE; CREATE TABLE stolen (id bool PRIMARY KEY, min_accepted bigint)")
+            .unwrap();
+        for (function, timing) in [
+            ("shard_settings_guard", "BEFORE"),
+            ("shard_directory_record_history", "AFTER"),
+            ("shard_directory_history_guard", "BEFORE"),
+            ("shard_directory_protect_row", "AFTER"),
+        ] {
+            Spi::run(&format!(
+                "DROP TRIGGER IF EXISTS t ON stolen; CREATE TRIGGER t {timing} INSERT OR UPDATE ON stolen \
+                 FOR EACH ROW EXECUTE FUNCTION shard_directory.{function}()"
+            ))
+            .unwrap();
+            let r = refusal("INSERT INTO stolen VALUES (true, 1)");
+            assert_eq!(
+                r.code, ERRCODE_TRIGGERED_ACTION_EXCEPTION,
+                "{function}: {}",
+                r.message
+            );
+            assert!(r.message.contains("stolen"), "{}", r.message);
+        }
+    }
+
+    #[pg_test]
+    fn allow_repoint_needs_superuser_or_a_grant_of_set() {
+        setup();
+        as_writer();
+        assert_eq!(
+            refusal("SET LOCAL shard_directory.allow_repoint = on").code,
+            ERRCODE_INSUFFICIENT_PRIVILEGE
+        );
+        Spi::run(
+            "RESET ROLE; GRANT SET ON PARAMETER shard_directory.allow_repoint TO sd_writer; \
+             SET LOCAL ROLE sd_writer; SET LOCAL shard_directory.allow_repoint = on; \
+             UPDATE shard_directory.shard_directory SET shard_name = 'shard_2' WHERE entity_id = '1'",
+        )
+        .unwrap();
+        assert!(entry("1").starts_with("active|shard_2|"));
+    }
+
+    /// An application role with privileges on its own table only.
+    fn app_table(ddl: &str) {
+        Spi::run(&format!(
+            "CREATE ROLE sd_app; GRANT CREATE, USAGE ON SCHEMA public TO sd_app; \
+             GRANT USAGE ON SCHEMA shard_directory TO sd_app; \
+             GRANT EXECUTE ON FUNCTION shard_directory.protect(regclass, text, text), \
+                                       shard_directory.protect(regclass) TO sd_app; \
+             SET LOCAL ROLE sd_app; {ddl}"
+        ))
+        .unwrap();
+    }
+
+    #[pg_test]
+    fn the_check_needs_no_grant_on_the_extensions_tables() {
+        Spi::run("SELECT shard_directory.raise_min_accepted(5); SELECT shard_directory.fence_frozen('tenant', '2')")
+            .unwrap();
+        app_table(
+            "CREATE TABLE public.items (tenant_id int, body text); \
+             SELECT shard_directory.protect('public.items', 'tenant_id', 'tenant')",
+        );
+        client("5");
+        entity("1");
+        Spi::run(&format!(
+            "{CHECK}; INSERT INTO public.items VALUES (1, 'a')"
+        ))
+        .unwrap();
+        let r = refusal("INSERT INTO public.items VALUES (2, 'b')");
+        assert_eq!(r.code, ERRCODE_T_R_SERIALIZATION_FAILURE, "{}", r.message);
+        assert_eq!(json(r.detail)["reason"], "frozen");
+        client("4");
+        assert_eq!(refusal(CHECK).code, ERRCODE_T_R_SERIALIZATION_FAILURE);
+        // protecting needs TRIGGER on the table; reading the extension's tables needs nothing
+        Spi::run(
+            "RESET ROLE; CREATE TABLE public.not_yours (tenant_id int); SET LOCAL ROLE sd_app",
+        )
+        .unwrap();
+        assert_eq!(
+            refusal("SELECT shard_directory.protect('public.not_yours')").code,
+            ERRCODE_INSUFFICIENT_PRIVILEGE
+        );
+        assert_eq!(
+            refusal("SELECT shard_directory.unprotect('public.not_yours')").code,
+            ERRCODE_INSUFFICIENT_PRIVILEGE
+        );
+        assert_eq!(
+            refusal("SELECT * FROM shard_directory.shard_fences").code,
+            ERRCODE_INSUFFICIENT_PRIVILEGE
+        );
+    }
+}

@@ -1,0 +1,635 @@
+//! The shard role: the check and its settings, fences, `protect`, stats, entity keys.
+
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+    use pgrx::PgSqlErrorCode::*;
+
+    use crate::pg_tests::helpers::*;
+
+    #[pg_test]
+    fn a_leased_freeze_ends_by_itself_and_then_admits_only_clients_past_the_freeze() {
+        Spi::run(
+            "CREATE TABLE orders (tenant_id int, item text); \
+             SELECT shard_directory.protect('orders', 'tenant_id', 'tenant'); \
+             SELECT shard_directory.fence_frozen('tenant', '7', interval '200 ms', 41)",
+        )
+        .unwrap();
+        client("100");
+        entity("7");
+        assert_eq!(json(refusal(CHECK).detail)["reason"], "frozen");
+        assert_eq!(
+            refusal("TRUNCATE orders").code,
+            ERRCODE_T_R_SERIALIZATION_FAILURE,
+            "frozen while leased"
+        );
+        Spi::run("SELECT pg_sleep(0.25)").unwrap();
+        client("41");
+        let r = refusal("INSERT INTO orders VALUES (7, 'stale')");
+        assert_eq!(
+            (r.code, json(r.detail)["min_version"].as_i64()),
+            (ERRCODE_T_R_SERIALIZATION_FAILURE, Some(42)),
+            "{}",
+            r.message
+        );
+        client("42");
+        Spi::run(&format!(
+            "{CHECK}; INSERT INTO orders VALUES (7, 'after the release')"
+        ))
+        .unwrap();
+        Spi::run("TRUNCATE orders").unwrap();
+        assert_eq!(
+            refusal("SELECT shard_directory.fence_frozen('tenant', '7', NULL, 41)").code,
+            ERRCODE_NULL_VALUE_NOT_ALLOWED
+        );
+    }
+
+    #[pg_test]
+    fn a_fresh_version_is_accepted_and_a_stale_one_refused_with_the_guides_message() {
+        Spi::run("SELECT shard_directory.raise_min_accepted(42)").unwrap();
+        client("42");
+        Spi::run(CHECK).unwrap();
+        client("43");
+        Spi::run(CHECK).unwrap();
+        client("41");
+        let r = refusal(CHECK);
+        assert_eq!(r.code, ERRCODE_T_R_SERIALIZATION_FAILURE);
+        assert_eq!(r.message, "stale shard directory (client 41, minimum 42)");
+        let d = json(r.detail);
+        assert_eq!(
+            (
+                d["reason"].as_str(),
+                d["client_version"].as_i64(),
+                d["min_accepted"].as_i64()
+            ),
+            (Some("stale"), Some(41), Some(42))
+        );
+    }
+
+    /// A read is refused as a write is, for a stale version or a moved entity; a frozen entity
+    /// is read (its rows are all still here until the cutover), and written to by no one.
+    #[pg_test]
+    fn the_check_for_reads_lets_a_frozen_entity_through_and_nothing_else() {
+        const READ: &str = "SELECT shard_directory.assert_directory_version(true)";
+        Spi::run("SELECT shard_directory.fence_frozen('tenant', '1')").unwrap();
+        Spi::run("SELECT shard_directory.fence_moved('tenant', '2', 'shard_2', 42)").unwrap();
+        Spi::run("SELECT shard_directory.fence_owned('tenant', '3', 42)").unwrap();
+        client("41");
+        entity("1");
+        Spi::run(READ).unwrap();
+        assert_eq!(json(refusal(CHECK).detail)["reason"], "frozen");
+        assert_eq!(
+            json(refusal("SELECT shard_directory.assert_directory_version(false)").detail)
+                ["reason"],
+            "frozen"
+        );
+        entity("2");
+        let d = json(refusal(READ).detail);
+        assert_eq!(
+            (d["reason"].as_str(), d["moved_to"].as_str()),
+            (Some("moved"), Some("shard_2"))
+        );
+        entity("3");
+        assert_eq!(json(refusal(READ).detail)["reason"], "stale");
+        client("42");
+        Spi::run(READ).unwrap();
+        Spi::run("SELECT shard_directory.raise_min_accepted(50)").unwrap();
+        assert_eq!(json(refusal(READ).detail)["min_accepted"], 50);
+        assert_eq!(
+            refusal("SELECT shard_directory.assert_directory_version(NULL)").code,
+            ERRCODE_NULL_VALUE_NOT_ALLOWED
+        );
+    }
+
+    #[pg_test]
+    fn bad_version_settings_each_get_their_documented_error() {
+        // unset, and empty (what a transaction-local setting reads as after its transaction)
+        let r = refusal(CHECK);
+        assert_eq!(
+            (r.code, r.message.as_str()),
+            (
+                ERRCODE_T_R_SERIALIZATION_FAILURE,
+                "stale shard directory (client <NULL>, minimum 0)"
+            )
+        );
+        assert_eq!(json(r.detail)["reason"], "missing");
+        client("");
+        assert_eq!(refusal(CHECK).code, ERRCODE_T_R_SERIALIZATION_FAILURE);
+        for bad in ["abc", "-1", "123456789012345678901234567890", "4.5"] {
+            client(bad);
+            let r = refusal(CHECK);
+            assert_eq!(r.code, ERRCODE_INVALID_PARAMETER_VALUE, "{bad}");
+            assert!(
+                r.message.contains(&format!("\"{bad}\""))
+                    && r.message.contains("app.directory_version"),
+                "{}",
+                r.message
+            );
+        }
+        client("5");
+        Spi::run("SELECT set_config('app.entity_type', 'tenant', true)").unwrap();
+        assert_eq!(refusal(CHECK).code, ERRCODE_INVALID_PARAMETER_VALUE);
+    }
+
+    #[pg_test]
+    fn raise_min_accepted_only_raises() {
+        assert_eq!(
+            one::<i64>("SELECT shard_directory.raise_min_accepted(10)"),
+            10
+        );
+        for v in ["10", "9", "NULL"] {
+            let r = refusal(&format!("SELECT shard_directory.raise_min_accepted({v})"));
+            assert!(
+                matches!(
+                    r.code,
+                    ERRCODE_INVALID_PARAMETER_VALUE | ERRCODE_NULL_VALUE_NOT_ALLOWED
+                ),
+                "{v}: {}",
+                r.message
+            );
+        }
+        assert_eq!(
+            refusal("SELECT shard_directory.raise_min_accepted(9)").message,
+            "raise_min_accepted(9) refused: min_accepted is already 10"
+        );
+        assert_eq!(
+            refusal("UPDATE shard_directory.shard_settings SET min_accepted = 1").code,
+            ERRCODE_INVALID_PARAMETER_VALUE
+        );
+        assert_eq!(
+            refusal("DELETE FROM shard_directory.shard_settings").code,
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
+        );
+        assert_eq!(
+            one::<i64>("SELECT min_accepted FROM shard_directory.shard_settings"),
+            10
+        );
+    }
+
+    #[pg_test]
+    fn fences_govern_their_entity_and_only_it() {
+        client("41");
+        Spi::run("SELECT shard_directory.fence_frozen('tenant', '1')").unwrap();
+        Spi::run("SELECT shard_directory.fence_moved('tenant', '2', 'shard_2', 42)").unwrap();
+        Spi::run("SELECT shard_directory.fence_owned('tenant', '3', 42)").unwrap();
+
+        entity("1");
+        let r = refusal(CHECK);
+        assert_eq!(
+            (r.code, r.message.as_str()),
+            (
+                ERRCODE_T_R_SERIALIZATION_FAILURE,
+                "tenant/1 is frozen on this shard while its cutover runs"
+            )
+        );
+        assert_eq!(json(r.detail)["reason"], "frozen");
+
+        entity("2");
+        let r = refusal(CHECK);
+        assert_eq!(r.code, ERRCODE_T_R_SERIALIZATION_FAILURE);
+        let d = json(r.detail);
+        assert_eq!(
+            (
+                d["reason"].as_str(),
+                d["moved_to"].as_str(),
+                d["version"].as_i64()
+            ),
+            (Some("moved"), Some("shard_2"), Some(42))
+        );
+        assert_eq!(
+            (d["entity_type"].as_str(), d["entity_id"].as_str()),
+            (Some("tenant"), Some("2"))
+        );
+
+        entity("3");
+        let r = refusal(CHECK);
+        assert_eq!(
+            (r.code, r.message.as_str()),
+            (
+                ERRCODE_T_R_SERIALIZATION_FAILURE,
+                "stale shard directory for tenant/3 (client 41, minimum 42)"
+            )
+        );
+        client("42");
+        Spi::run(CHECK).unwrap();
+
+        // other tenants, and clients that declare no entity, are governed by min_accepted alone
+        client("41");
+        entity("4");
+        Spi::run(CHECK).unwrap();
+        Spi::run(
+            "SELECT set_config('app.entity_type', '', true), set_config('app.entity_id', '', true)",
+        )
+        .unwrap();
+        Spi::run(CHECK).unwrap();
+
+        // a fence lifted is a fence gone
+        Spi::run("SELECT shard_directory.unfence('tenant', '1')").unwrap();
+        entity("1");
+        Spi::run(CHECK).unwrap();
+        assert_eq!(
+            refusal("TRUNCATE shard_directory.shard_fences").code,
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
+        );
+    }
+
+    #[pg_test]
+    fn protect_checks_every_write_without_the_application_calling_anything() {
+        Spi::run(
+            "CREATE TABLE orders (tenant_id int, item text); \
+             SELECT shard_directory.protect('orders'); \
+             SELECT shard_directory.protect('orders'); \
+             SELECT shard_directory.raise_min_accepted(5)",
+        )
+        .unwrap();
+        let triggers =
+            || one::<i64>("SELECT count(*) FROM pg_trigger WHERE tgrelid = 'orders'::regclass");
+        assert_eq!(triggers(), 1, "protecting twice is harmless");
+        client("4");
+        for sql in [
+            "INSERT INTO orders VALUES (1, 'a')",
+            "UPDATE orders SET item = 'b'",
+            "DELETE FROM orders",
+            "TRUNCATE orders",
+        ] {
+            assert_eq!(
+                refusal(sql).code,
+                ERRCODE_T_R_SERIALIZATION_FAILURE,
+                "{sql}"
+            );
+        }
+        client("5");
+        Spi::run("INSERT INTO orders VALUES (1, 'a'), (2, 'b')").unwrap();
+
+        // the row form: a multi-tenant statement touching a moved tenant's row is refused whole
+        Spi::run("SELECT shard_directory.protect('orders', 'tenant_id', 'tenant')").unwrap();
+        assert_eq!(triggers(), 2);
+        Spi::run("SELECT shard_directory.fence_moved('tenant', '2', 'shard_2', 6)").unwrap();
+        let r = refusal("UPDATE orders SET item = 'c'");
+        assert_eq!(r.code, ERRCODE_T_R_SERIALIZATION_FAILURE);
+        assert_eq!(json(r.detail)["moved_to"], "shard_2");
+        assert_eq!(
+            refusal("INSERT INTO orders VALUES (3, 'x'), (2, 'y')").code,
+            ERRCODE_T_R_SERIALIZATION_FAILURE
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM orders WHERE item IN ('a', 'b')"),
+            2
+        );
+        Spi::run("UPDATE orders SET item = 'c' WHERE tenant_id = 1").unwrap();
+
+        assert_eq!(
+            refusal("SELECT shard_directory.protect('orders', 'nope', 'tenant')").code,
+            ERRCODE_UNDEFINED_COLUMN
+        );
+        assert_eq!(
+            refusal("SELECT shard_directory.protect('no_such_table')").code,
+            ERRCODE_UNDEFINED_TABLE
+        );
+        Spi::run("SELECT shard_directory.unprotect('orders')").unwrap();
+        assert_eq!(triggers(), 0);
+        client("1");
+        Spi::run("DELETE FROM orders").unwrap();
+    }
+
+    #[pg_test]
+    fn a_protect_trigger_whose_key_column_was_dropped_says_so() {
+        Spi::run(
+            "CREATE TABLE notes (tenant_id int, body text); \
+             SELECT shard_directory.protect('notes', 'tenant_id', 'tenant'); \
+             ALTER TABLE notes DROP COLUMN tenant_id",
+        )
+        .unwrap();
+        client("1");
+        let r = refusal("INSERT INTO notes VALUES ('hello')");
+        assert_eq!(r.code, ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE);
+        assert!(
+            r.message.contains("tenant_id") && r.hint.unwrap().contains("protect"),
+            "{}",
+            r.message
+        );
+    }
+
+    #[pg_test]
+    fn stats_count_checks_and_rejections_by_reason() {
+        // The counts are shared by every backend (the library is preloaded) and other tests run
+        // concurrently: holding the check's lock exclusively keeps their checks out of the count.
+        Spi::run("LOCK TABLE shard_directory.shard_settings IN EXCLUSIVE MODE").unwrap();
+        let count = |reason: &str| {
+            Spi::get_one_with_args::<i64>(
+                "SELECT count FROM shard_directory.stats() WHERE reason = $1",
+                &[reason.into()],
+            )
+            .unwrap()
+            .unwrap()
+        };
+        let (checks, stale, missing, invalid) = (
+            count("checks"),
+            count("stale"),
+            count("missing"),
+            count("invalid"),
+        );
+        refusal(CHECK);
+        client("abc");
+        refusal(CHECK);
+        Spi::run("SELECT shard_directory.raise_min_accepted(3)").unwrap();
+        client("2");
+        refusal(CHECK);
+        client("3");
+        Spi::run(CHECK).unwrap();
+        assert_eq!(
+            (
+                count("checks") - checks,
+                count("stale") - stale,
+                count("missing") - missing,
+                count("invalid") - invalid
+            ),
+            (4, 1, 1, 1)
+        );
+    }
+
+    #[pg_test]
+    fn writes_made_straight_to_a_partition_are_checked_including_partitions_attached_later() {
+        Spi::run(
+            "CREATE TABLE parts (tenant_id int, body text) PARTITION BY LIST (tenant_id); \
+             CREATE TABLE parts_a PARTITION OF parts FOR VALUES IN (1, 2); \
+             SELECT shard_directory.protect('parts', 'tenant_id', 'tenant'); \
+             CREATE TABLE parts_b PARTITION OF parts FOR VALUES IN (3); \
+             CREATE TABLE parts_c (tenant_id int, body text); \
+             ALTER TABLE parts ATTACH PARTITION parts_c FOR VALUES IN (4); \
+             CREATE TABLE plain_parts (tenant_id int) PARTITION BY LIST (tenant_id); \
+             CREATE TABLE plain_parts_a PARTITION OF plain_parts FOR VALUES IN (1); \
+             SELECT shard_directory.protect('plain_parts'); \
+             SELECT shard_directory.raise_min_accepted(5); \
+             SELECT shard_directory.fence_moved('tenant', '3', 'shard_2', 6)",
+        )
+        .unwrap();
+        for sql in [
+            "INSERT INTO parts_a VALUES (1, 'no version')",
+            "INSERT INTO parts_b VALUES (3, 'no version')",
+            "INSERT INTO parts_c VALUES (4, 'no version')",
+            "INSERT INTO plain_parts_a VALUES (1)",
+            "TRUNCATE parts_a",
+            "TRUNCATE parts_b",
+            "TRUNCATE parts_c",
+        ] {
+            assert_eq!(
+                refusal(sql).code,
+                ERRCODE_T_R_SERIALIZATION_FAILURE,
+                "{sql}"
+            );
+        }
+        client("5");
+        Spi::run("INSERT INTO parts_a VALUES (1, 'ok'); INSERT INTO parts_c VALUES (4, 'ok'); INSERT INTO plain_parts_a VALUES (1)")
+            .unwrap();
+        let r = refusal("INSERT INTO parts_b VALUES (3, 'moved')");
+        assert_eq!(json(r.detail)["moved_to"], "shard_2");
+        // the mover sees the parent only
+        assert_eq!(
+            one::<String>(
+                "SELECT string_agg(tbl::text, ',') FROM shard_directory.protected_tables()"
+            ),
+            "parts"
+        );
+    }
+
+    #[pg_test]
+    fn truncate_is_refused_while_an_entity_of_the_table_is_frozen_or_moved() {
+        Spi::run(
+            "CREATE TABLE orders (tenant_id int, item text); \
+             SELECT shard_directory.protect('orders', 'tenant_id', 'tenant'); \
+             CREATE TABLE accounts (account_id int); \
+             SELECT shard_directory.protect('accounts', 'account_id', 'account'); \
+             SELECT shard_directory.fence_frozen('tenant', '7')",
+        )
+        .unwrap();
+        client("1");
+        Spi::run("INSERT INTO orders VALUES (1, 'a')").unwrap();
+        let r = refusal("TRUNCATE orders");
+        assert_eq!(r.code, ERRCODE_T_R_SERIALIZATION_FAILURE);
+        assert!(
+            r.message.contains("tenant/7") && r.message.contains("frozen"),
+            "{}",
+            r.message
+        );
+        Spi::run("TRUNCATE accounts").unwrap(); // another entity type: not concerned
+        Spi::run("SELECT shard_directory.fence_moved('tenant', '7', 'shard_2', 3)").unwrap();
+        assert!(refusal("TRUNCATE orders").message.contains("moved"));
+        Spi::run("SELECT shard_directory.fence_owned('tenant', '7', 3); TRUNCATE orders").unwrap();
+    }
+
+    #[pg_test]
+    fn the_row_check_sees_the_key_a_before_trigger_filled_in() {
+        Spi::run(
+            "CREATE TABLE events (tenant_id int, body text); \
+             CREATE FUNCTION fill_tenant() RETURNS trigger LANGUAGE plpgsql AS \
+               $$ BEGIN NEW.tenant_id := coalesce(NEW.tenant_id, 3); RETURN NEW; END $$; \
+             CREATE TRIGGER zz_fill_tenant BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION fill_tenant(); \
+             CREATE TABLE generated (n int, tenant_id int GENERATED ALWAYS AS (n + 1) STORED); \
+             SELECT shard_directory.protect('events', 'tenant_id', 'tenant'); \
+             SELECT shard_directory.protect('generated', 'tenant_id', 'tenant'); \
+             SELECT shard_directory.fence_moved('tenant', '3', 'shard_2', 6)",
+        )
+        .unwrap();
+        client("1");
+        assert_eq!(
+            json(refusal("INSERT INTO events (body) VALUES ('filled in later')").detail)
+                ["entity_id"],
+            "3"
+        );
+        assert_eq!(
+            json(refusal("INSERT INTO generated (n) VALUES (2)").detail)["entity_id"],
+            "3"
+        );
+        Spi::run("INSERT INTO events VALUES (1, 'fine'); INSERT INTO generated (n) VALUES (1)")
+            .unwrap();
+    }
+
+    /// Issue 8, item 8: one heavyweight lock per entity exhausted the lock table.
+    #[pg_test]
+    fn one_transaction_writes_rows_of_100k_tenants() {
+        Spi::run(
+            "CREATE TABLE orders (tenant_id int, item text); \
+             SELECT shard_directory.protect('orders', 'tenant_id', 'tenant'); \
+             SELECT shard_directory.fence_owned('tenant', '5', 1)",
+        )
+        .unwrap();
+        client("1");
+        Spi::run("INSERT INTO orders SELECT g, 'x' FROM generate_series(1, 100000) g").unwrap();
+        assert_eq!(
+            one::<i64>("SELECT count(DISTINCT tenant_id) FROM orders"),
+            100_000
+        );
+        let locks: i64 = one(
+            "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory'",
+        );
+        assert_eq!(locks, 0);
+    }
+
+    #[pg_test]
+    fn only_a_key_type_whose_equality_is_its_text_can_be_protected() {
+        Spi::run(
+            "CREATE EXTENSION IF NOT EXISTS citext; \
+             CREATE TYPE color AS ENUM ('red', 'blue'); \
+             CREATE DOMAIN code AS text CHECK (VALUE ~ '^[a-z0-9]+$'); \
+             CREATE DOMAIN ci_code AS citext; \
+             CREATE COLLATION case_blind (provider = icu, locale = 'und-u-ks-level2', deterministic = false)",
+        )
+        .unwrap();
+        let types = [
+            ("text", true),
+            ("varchar(10)", true),
+            ("char(8)", true),
+            ("smallint", true),
+            ("integer", true),
+            ("bigint", true),
+            ("numeric(12,0)", true),
+            ("uuid", true),
+            ("color", true),
+            ("code", true),
+            ("text COLLATE \"C\"", true),
+            ("citext", false),
+            ("ci_code", false),
+            ("text COLLATE case_blind", false),
+            ("numeric", false),
+            ("numeric(10,2)", false),
+            ("date", false),
+            ("timestamptz", false),
+            ("bytea", false),
+            ("double precision", false),
+            ("jsonb", false),
+        ];
+        for (i, (ty, accepted)) in types.iter().enumerate() {
+            Spi::run(&format!("CREATE TABLE keyed_{i} (k {ty})")).unwrap();
+            let protect = format!("SELECT shard_directory.protect('keyed_{i}', 'k', 'tenant')");
+            if *accepted {
+                Spi::run(&protect).unwrap_or_else(|e| panic!("{ty}: {e}"));
+                continue;
+            }
+            let r = refusal(&protect);
+            assert_eq!(r.code, ERRCODE_FEATURE_NOT_SUPPORTED, "{ty}: {}", r.message);
+            assert!(
+                r.message.contains(&format!("keyed_{i}.k")) && r.hint.is_some(),
+                "{ty}: {}",
+                r.message
+            );
+            assert_eq!(
+                one::<i64>(&format!(
+                    "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'keyed_{i}'::regclass"
+                )),
+                0,
+                "{ty}: a refused protect leaves no trigger"
+            );
+        }
+        // A key column altered since to a type that cannot key an entity is refused at the write.
+        Spi::run("ALTER TABLE keyed_0 ALTER COLUMN k TYPE citext").unwrap();
+        client("1");
+        assert_eq!(
+            refusal("INSERT INTO keyed_0 VALUES ('a')").code,
+            ERRCODE_FEATURE_NOT_SUPPORTED
+        );
+    }
+
+    #[pg_test]
+    fn a_char_n_key_finds_its_fence_without_its_padding() {
+        Spi::run(
+            "CREATE TABLE padded (k char(8), body text); \
+             SELECT shard_directory.protect('padded', 'k', 'tenant'); \
+             SELECT shard_directory.fence_moved('tenant', 'acme', 'shard_2', 6)",
+        )
+        .unwrap();
+        client("6");
+        let r = refusal("INSERT INTO padded VALUES ('acme', 'x')");
+        assert_eq!(r.code, ERRCODE_T_R_SERIALIZATION_FAILURE, "{}", r.message);
+        assert_eq!(json(r.detail)["entity_id"], "acme");
+        Spi::run("INSERT INTO padded VALUES ('acme2', 'y')").unwrap();
+        assert_eq!(
+            refusal("UPDATE padded SET k = 'acme' WHERE body = 'y'").code,
+            ERRCODE_T_R_SERIALIZATION_FAILURE
+        );
+        assert_eq!(
+            one::<String>("SELECT shard_directory.canonical_entity_id('padded', 'acme')"),
+            "acme"
+        );
+        assert_eq!(
+            one::<String>("SELECT shard_directory.canonical_entity_id('padded', 'acme   ')"),
+            "acme"
+        );
+        assert_eq!(
+            refusal("SELECT shard_directory.canonical_entity_id('padded', 'acmecorp1')").code,
+            ERRCODE_STRING_DATA_RIGHT_TRUNCATION
+        );
+    }
+
+    #[pg_test]
+    fn a_fence_and_a_declared_id_must_be_canonical_for_the_key() {
+        Spi::run(
+            "CREATE TABLE by_number (k bigint); \
+             SELECT shard_directory.protect('by_number', 'k', 'tenant'); \
+             CREATE TABLE by_uuid (k uuid); \
+             SELECT shard_directory.protect('by_uuid', 'k', 'account')",
+        )
+        .unwrap();
+        let r = refusal("SELECT shard_directory.fence_moved('tenant', '08842', 'shard_2', 6)");
+        assert_eq!(r.code, ERRCODE_INVALID_PARAMETER_VALUE);
+        assert!(
+            r.message.contains("\"08842\"")
+                && r.message.contains("by_number.k")
+                && r.message.contains("reads it as \"8842\""),
+            "{}",
+            r.message
+        );
+        let r = refusal("SELECT shard_directory.fence_frozen('tenant', 'abc')");
+        assert_eq!(r.code, ERRCODE_INVALID_TEXT_REPRESENTATION, "{}", r.message);
+        let upper = "A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11";
+        assert_eq!(
+            refusal(&format!(
+                "SELECT shard_directory.fence_frozen('account', '{upper}')"
+            ))
+            .code,
+            ERRCODE_INVALID_PARAMETER_VALUE
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM shard_directory.shard_fences"),
+            0,
+            "refused fences change nothing"
+        );
+        Spi::run(&format!(
+            "SELECT shard_directory.fence_moved('tenant', '8842', 'shard_2', 6); \
+             SELECT shard_directory.fence_frozen('account', '{}')",
+            upper.to_lowercase()
+        ))
+        .unwrap();
+        client("6");
+        // The row's key is always canonical: 08842 is the row of 8842.
+        assert_eq!(
+            json(refusal("INSERT INTO by_number VALUES ('08842')").detail)["entity_id"],
+            "8842"
+        );
+        assert_eq!(
+            json(refusal(&format!("INSERT INTO by_uuid VALUES ('{upper}')")).detail)["reason"],
+            "frozen"
+        );
+        // A declared id that would miss the fence is refused, not let through.
+        entity("08842");
+        assert_eq!(refusal(CHECK).code, ERRCODE_INVALID_PARAMETER_VALUE);
+        entity("8842");
+        assert_eq!(json(refusal(CHECK).detail)["reason"], "moved");
+        entity("17");
+        Spi::run(CHECK).unwrap();
+        assert_eq!(
+            one::<String>("SELECT shard_directory.canonical_entity_id('by_number', '007')"),
+            "7"
+        );
+        assert_eq!(
+            refusal("SELECT shard_directory.canonical_entity_id('padded_nowhere', '1')").code,
+            ERRCODE_UNDEFINED_TABLE
+        );
+        Spi::run("CREATE TABLE unkeyed (k int); SELECT shard_directory.protect('unkeyed')")
+            .unwrap();
+        assert_eq!(
+            refusal("SELECT shard_directory.canonical_entity_id('unkeyed', '1')").code,
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
+        );
+    }
+}
