@@ -10,18 +10,18 @@
 #   recovery   a write on a stale route (moved, re-pointed) to its committed retry vs a current one
 # No argument runs them all. --quick runs each for a few seconds at smaller sizes (a few minutes
 # in all). Every run writes its output, with the date and the machine, to
-# bench-results/results.md, and `fanout` its samples and a chart (bench-results/fanout.{csv,svg});
-# --quick writes under bench-results/quick/ instead.
+# bench/results/results.md, and `fanout` its samples and a chart (bench/results/fanout.{csv,svg});
+# --quick writes under bench/results/quick/ instead.
 # Settings: BENCH_SECONDS, BENCH_ROUNDS (check, directory; BENCH_SECONDS also churn), BENCH_CLIENTS
 # (check), BENCH_MOVES (move), BENCH_ENTRIES (churn; lookup: sizes, comma-separated),
 # BENCH_INSERTS (churn), BENCH_INSTANCES and BENCH_CHANGES (fanout), BENCH_TRIALS (recovery).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-export BENCH_RESULTS=bench-results
+export BENCH_RESULTS=results
 if [ "${1:-}" = --quick ]; then
   shift
-  export BENCH_RESULTS=bench-results/quick
+  export BENCH_RESULTS=results/quick
   export BENCH_SECONDS=${BENCH_SECONDS:-3} BENCH_ROUNDS=${BENCH_ROUNDS:-1} BENCH_MOVES=${BENCH_MOVES:-1}
   export BENCH_ENTRIES=${BENCH_ENTRIES:-100000} BENCH_CHANGES=${BENCH_CHANGES:-50}
   export BENCH_INSTANCES=${BENCH_INSTANCES:-1,16,64} BENCH_TRIALS=${BENCH_TRIALS:-10}
@@ -29,16 +29,16 @@ fi
 
 bash scripts/setup.sh
 bash scripts/install-extension.sh --release
-cargo build -q --release -p shard-directory-e2e --bins
+cargo build -q --release -p shard-directory-bench --bins
 
-results=$BENCH_RESULTS/results.md
-mkdir -p "$BENCH_RESULTS"
+results=bench/$BENCH_RESULTS/results.md
+mkdir -p "bench/$BENCH_RESULTS"
 {
   echo "# Benchmark results"
   echo
   echo "$(date -u '+%Y-%m-%d %H:%M UTC'); $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), $(free -g | awk '/^Mem:/ {print $2}') GiB;" \
     "$(/usr/lib/postgresql/15/bin/postgres --version); $(rustc --version | cut -d' ' -f1-2)"
-  echo "Command: bash scripts/bench.sh $( [ "$BENCH_RESULTS" = bench-results/quick ] && echo '--quick ')${*:-}"
+  echo "Command: bash scripts/bench.sh $( [ "$BENCH_RESULTS" = results/quick ] && echo '--quick ')${*:-}"
   echo
 } > "$results"
 for bench in ${@:-check move directory churn lookup fanout poll recovery}; do

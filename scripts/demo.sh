@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/install-extension.sh
-cargo run -q -p shard-directory-e2e --bin demo
+cargo run -q -p shard-directory-demo --bin demo

@@ -26,8 +26,8 @@ bash scripts/install-extension.sh
 # The end-to-end tests run the CLI as an operator would (and SIGKILL it mid-move).
 cargo build -p shard-directory-mover --bin shard-directory
 # --show-output: the proof prints its counts (acked, retried by reason, moves, freeze, the kill).
-cargo test -p shard-directory-e2e -p shard-directory-client -p shard-directory-mover \
-  -p shard-directory-protocol --features shard-directory-protocol/serde \
+cargo test -p shard-directory-e2e -p shard-directory-demo -p shard-directory-client \
+  -p shard-directory-mover -p shard-directory-protocol --features shard-directory-protocol/serde \
   -- --show-output 2>&1 | tee -a "$log"
 
 # The loom model of the client cache's invariant (client/src/cache.rs, `loom_model`): a build of

@@ -1,6 +1,6 @@
 -- shard_directory 0.1.0 -> 0.2.0: the mover's objects.
 -- Run by ALTER EXTENSION shard_directory UPDATE; leaves the same objects as a fresh install of
--- 0.2.0 (tests/tests/upgrade.rs compares them).
+-- 0.2.0 (e2e/tests/suite/upgrade.rs compares them).
 
 -- Entity ids are compared as UTF-8 text on both roles (src/entity.rs).
 CREATE FUNCTION "require_utf8_database"() RETURNS void

@@ -16,7 +16,7 @@ pub static ALLOW_REPOINT: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static FENCE_WAIT_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(2000);
 
 /// The client's declaration for its transaction: `app.directory_version`, `app.entity_type`,
-/// `app.entity_id` (the guide's names). Defined here rather than left as placeholders so that a
+/// `app.entity_id` (the first is the guide's setting; the entity's follow its naming). Defined here rather than left as placeholders so that a
 /// check reads them from these variables instead of searching the settings by name three times
 /// per call (most of the check's cost on PostgreSQL 15); SET, `set_config` and `current_setting`
 /// behave as before, and a value set before the library loaded is carried over.

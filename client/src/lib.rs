@@ -12,6 +12,14 @@
 //! - With feature `redis`, the guide's shared middle cache, keyed by directory version.
 //! - With feature `native-tls`, TLS on every connection, as each connection string's `sslmode`
 //!   asks.
+//!
+//! Modules: `directory` (lookups, fills, the outage policy in `policy`) over `cache` (entries
+//! tagged with versions; its key in `cache_key`, its map in `cache_map`, names interned in
+//! `name`), `store` (the directory's queries) and `watcher` (LISTEN, the poll, `changes_since`);
+//! `router` (its own index) with `rejection` (a shard's 40001 read); `pool` (bounded
+//! connections) and `statements` (prepared once per connection); `backoff`; `entry` (an entry,
+//! and the protocol's key and state); `error`; `metrics`; `debug_http`; `shared_cache`. The
+//! wire contract with the extension is the `shard-directory-protocol` crate.
 
 #![warn(missing_docs)]
 
@@ -86,5 +94,5 @@ pub use tokio_postgres::IsolationLevel;
 
 /// The README's examples, compiled as doc tests.
 #[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
+#[doc = include_str!("../README.md")]
 struct ReadmeExamples;

@@ -2,7 +2,7 @@
 //! what a writer of the directory holds and the move record; on each shard, the fence functions,
 //! the entity's tables and sequences; for the logical method, what publications and
 //! subscriptions need. Each missing privilege is named with the GRANT (or role attribute) that
-//! gives it, the same statements README lists.
+//! gives it, the same statements docs/operations.md lists.
 
 use tokio_postgres::Client;
 

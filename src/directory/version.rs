@@ -17,7 +17,7 @@
 //! Some take the lock sooner ([`settle`]): a move step, which returns its version; and a
 //! transaction whose waiting history passes [`WAITING_LIMIT`] changes, which would otherwise hold
 //! it all in memory. From then on that transaction's changes are versioned as they are recorded,
-//! and it holds the lock while it may still wait for rows: README says so.
+//! and it holds the lock while it may still wait for rows: docs/directory.md says so.
 //!
 //! A statement runs several statement trigger pairs when it is a WITH query or an
 //! `INSERT ... ON CONFLICT DO UPDATE`: they share one frame, so one statement gets one version and

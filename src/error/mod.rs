@@ -237,7 +237,7 @@ fn requested_by(step: Option<&str>) -> String {
     step.map_or_else(String::new, |step| format!(" (requested by {step})"))
 }
 
-/// A client's version as the guide's message shows it.
+/// A client's version as the message of the guide's PL/pgSQL check shows it.
 fn or_null(client: Option<i64>) -> String {
     client.map_or_else(|| "<NULL>".to_owned(), |c| c.to_string())
 }

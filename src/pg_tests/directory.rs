@@ -65,7 +65,8 @@ mod tests {
         );
     }
 
-    /// Issue 8, items 11 and 13.
+    /// Rows an upsert skips bump nothing, and a WITH statement (or an upsert that updates) gets
+    /// one version for all it changes.
     #[pg_test]
     fn skipped_rows_bump_nothing_and_a_with_statement_gets_one_version() {
         setup();
@@ -263,7 +264,7 @@ mod tests {
         ))
     }
 
-    /// Issue 10, item 3: what routers read to retire only the entries that changed.
+    /// What routers read to retire only the entries that changed.
     #[pg_test]
     fn changes_since_lists_each_changed_key_once_and_says_when_history_cannot_tell() {
         setup();

@@ -8,7 +8,7 @@ mod tests {
 
     use crate::pg_tests::helpers::*;
 
-    /// A role with privileges on `shard_directory` alone, as README's "Roles and grants" gives it.
+    /// A role with privileges on `shard_directory` alone, as docs/operations.md's "Roles and grants" gives it.
     fn as_writer() {
         Spi::run(
             "CREATE ROLE sd_writer; GRANT USAGE ON SCHEMA shard_directory TO sd_writer; \

@@ -445,7 +445,7 @@ mod tests {
             .unwrap();
     }
 
-    /// Issue 8, item 8: one heavyweight lock per entity exhausted the lock table.
+    /// One heavyweight lock per entity exhausted the lock table.
     #[pg_test]
     fn one_transaction_writes_rows_of_100k_tenants() {
         Spi::run(

@@ -1,0 +1,65 @@
+//! The benchmarks of `shard_directory` (`bash scripts/bench.sh`): each a binary in `src/bin/`
+//! that runs its contenders side by side in one run and prints ratios; their pgbench scripts are
+//! in `pgbench/`, their results and charts in `results/`.
+//!
+//! - `pgbench`: a pgbench run, its TPS, rounds interleaved and paired;
+//! - `chart`: SVG charts of distributions;
+//! - a benchmark's settings from the environment, its directory, where its results go.
+
+pub mod chart;
+pub mod pgbench;
+
+use shard_directory_e2e::Cluster;
+
+/// A benchmark's directory: a throwaway cluster with the library preloaded (as docs/shard.md recommends
+/// for a directory) and `settings`, database `bench` with the extension and one shard
+/// registered (`shard_1`, no cluster behind it), and a DBA's connection.
+pub async fn bench_directory(
+    name: &str,
+    settings: &[(&str, &str)],
+) -> (Cluster, tokio_postgres::Client) {
+    let settings: Vec<_> = [("shared_preload_libraries", "shard_directory")]
+        .into_iter()
+        .chain(settings.iter().copied())
+        .collect();
+    let cluster = Cluster::start(name, &settings);
+    cluster.create_database_with_extension("bench").await;
+    let dba = cluster.connect("bench").await;
+    dba.batch_execute("INSERT INTO shard_directory.shards (shard_name) VALUES ('shard_1')")
+        .await
+        .expect("register shard_1");
+    (cluster, dba)
+}
+
+/// A benchmark's setting from the environment variable `name`, or `default` when it is unset;
+/// a value that does not parse is an error that names the variable.
+pub fn setting<T: std::str::FromStr>(name: &str, default: T) -> T {
+    match std::env::var(name) {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v}: not a {}", std::any::type_name::<T>())),
+        Err(_) => default,
+    }
+}
+
+/// A benchmark's list of sizes from `name` (comma-separated), or `default`.
+pub fn sizes(name: &str, default: &str) -> Vec<usize> {
+    let list = std::env::var(name).unwrap_or_else(|_| default.into());
+    list.split(',')
+        .map(|n| {
+            n.trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("{name}={list}: sizes separated by commas"))
+        })
+        .collect()
+}
+
+/// Where the benchmarks write their results: `BENCH_RESULTS` (relative to this crate's folder),
+/// `results/` by default.
+pub fn results_dir() -> std::path::PathBuf {
+    let under = std::env::var("BENCH_RESULTS").unwrap_or_else(|_| "results".into());
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(under);
+    std::fs::create_dir_all(&dir).expect("create the results folder");
+    dir
+}

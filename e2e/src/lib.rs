@@ -1,0 +1,31 @@
+//! The harness of `shard_directory`'s end-to-end tests, demo and benchmarks: throwaway
+//! PostgreSQL clusters (`initdb` + `pg_ctl` on free ports, as the `postgres` user when run as
+//! root, stopped on drop, also when a test panics), written once.
+//!
+//! - `cluster`: one cluster ([`Cluster`]), its standby, its server log;
+//! - `topology`: a directory and shards with the extension, tenants, a client and a mover over
+//!   them ([`Topology`]);
+//! - `workload`: the application's writes and reads, and the audit of every acknowledged one;
+//!   `wide`: the wider proof's schema and writes;
+//! - `mover_cli`: the `shard-directory` CLI as an operator runs it (and kills it);
+//!   `observe`: observers that act on a move at a phase;
+//! - `proxy`, `pgbouncer`, `redis`: what stands between a client and a cluster, or beside it;
+//! - `wait`: waiting on a condition with a deadline, and on a backend's lock.
+//!
+//! The tests are in `tests/suite/` (one binary), except `client_metrics` and `client_tracing`,
+//! which install process-wide recorders and run in processes of their own.
+
+mod cluster;
+pub mod mover_cli;
+pub mod observe;
+pub mod pgbouncer;
+pub mod proxy;
+pub mod redis;
+pub mod topology;
+mod wait;
+pub mod wide;
+pub mod workload;
+
+pub use cluster::{Cluster, CpuTimes, Frozen, Listener};
+pub use topology::{reaches, Topology};
+pub use wait::{backend_pid, blocked_on, eventually, within, ANY_LOCK};

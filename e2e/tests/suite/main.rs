@@ -1,0 +1,22 @@
+//! The end-to-end suite, in one binary: each module is what a part of `shard_directory` does
+//! against real clusters, as a client, an operator or a DBA meets it.
+
+mod cli;
+mod client;
+mod client_bounds;
+mod client_faults;
+mod client_invalidation;
+mod client_routing;
+mod directory;
+mod drills;
+mod dump;
+mod mover;
+mod mover_faults;
+mod mover_privileges;
+mod mover_schemas;
+mod mover_tls;
+mod proof;
+mod regress;
+mod shard;
+mod shared_cache;
+mod upgrade;
