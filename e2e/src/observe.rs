@@ -5,28 +5,47 @@ use std::sync::{Arc, Mutex};
 
 use futures_util::future::BoxFuture;
 use shard_directory_client::EntityKey;
-use shard_directory_mover::{MoveOptions, Observer, Phase};
+use shard_directory_mover::{MoveOptions, Observer, Phase, Step};
 use tokio::sync::Notify;
 
 use crate::Topology;
 
 type Action = Box<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>;
 
-/// Runs its action when the move reaches its phase; the move goes on when the action is done.
-/// Keeps the move's notes.
+/// Where in a move an action runs: as its record enters a phase, or as it begins a step.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum At {
+    Phase(Phase),
+    Step(Step),
+}
+
+impl From<Phase> for At {
+    fn from(phase: Phase) -> At {
+        At::Phase(phase)
+    }
+}
+
+impl From<Step> for At {
+    fn from(step: Step) -> At {
+        At::Step(step)
+    }
+}
+
+/// Runs its action when the move reaches its phase or step; the move goes on when the action is
+/// done. Keeps the move's notes.
 pub struct ActAt {
-    at: Phase,
+    at: At,
     act: Action,
     notes: Mutex<Vec<String>>,
 }
 
 impl Observer for ActAt {
     fn phase(&self, _move_id: i64, phase: Phase) -> BoxFuture<'_, ()> {
-        if phase == self.at {
-            (self.act)()
-        } else {
-            Box::pin(std::future::ready(()))
-        }
+        self.act_if(At::Phase(phase))
+    }
+
+    fn step(&self, _move_id: i64, step: Step) -> BoxFuture<'_, ()> {
+        self.act_if(At::Step(step))
     }
 
     fn note(&self, _move_id: i64, message: &str) {
@@ -35,19 +54,27 @@ impl Observer for ActAt {
 }
 
 impl ActAt {
+    fn act_if(&self, now: At) -> BoxFuture<'static, ()> {
+        if now == self.at {
+            (self.act)()
+        } else {
+            Box::pin(std::future::ready(()))
+        }
+    }
+
     /// What the move noted so far.
     pub fn notes(&self) -> Vec<String> {
         self.notes.lock().unwrap().clone()
     }
 }
 
-/// Runs `act` when the move reaches `at`.
+/// Runs `act` when the move reaches `at` (a phase or a step).
 pub fn act_at(
-    at: Phase,
+    at: impl Into<At>,
     act: impl Fn() -> BoxFuture<'static, ()> + Send + Sync + 'static,
 ) -> Arc<ActAt> {
     Arc::new(ActAt {
-        at,
+        at: at.into(),
         act: Box::new(act),
         notes: Mutex::default(),
     })

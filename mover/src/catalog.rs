@@ -49,6 +49,9 @@ pub struct EntityTable {
     /// Whether the key's type is built in: PostgreSQL's row filters refuse user-defined types
     /// (a domain, an enum), so only then can the logical method filter on it.
     pub key_builtin: bool,
+    /// Whether an index (without a predicate) leads with the key column: without one, every
+    /// read of the entity's rows (the checks, the batched deletes) reads the whole table.
+    pub key_indexed: bool,
     /// Stored columns (not generated), in table order.
     pub columns: Vec<Column>,
     /// Primary key columns, quoted: how verification names a differing row.
@@ -75,6 +78,9 @@ SELECT coalesce(json_agg(t ORDER BY t.name), '[]')::text FROM (
          quote_ident(p.key_column) AS key_quoted,
          format_type(k.atttypid, k.atttypmod) AS key_type,
          k.atttypid < 16384 AS key_builtin,
+         EXISTS (SELECT 1 FROM pg_index i
+                  WHERE i.indrelid = c.oid AND i.indkey[0] = k.attnum AND i.indpred IS NULL)
+           AS key_indexed,
          (SELECT coalesce(json_agg(json_build_object(
                      'name', a.attname, 'quoted', quote_ident(a.attname),
                      'type_name', format_type(a.atttypid, a.atttypmod)) ORDER BY a.attnum), '[]')
@@ -233,6 +239,32 @@ impl EntityTable {
         let columns: Vec<String> = columns.iter().map(|c| format!("{alias}.{c}")).collect();
         format!("ROW({})::text", columns.join(", "))
     }
+
+    /// `JOIN unnest($first::text[], ...) AS sd_keys(...) ON alias.pk = ...`: the rows of `alias`
+    /// whose primary key is among keys passed as one text array per key column (from parameter
+    /// `$first` on), each read as its column's type with its modifier.
+    pub fn keys_join(&self, alias: &str, first: usize) -> String {
+        let (mut arrays, mut names, mut on) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, pk) in self.primary_key.iter().enumerate() {
+            let column = self
+                .columns
+                .iter()
+                .find(|c| &c.quoted == pk)
+                .expect("primary key columns are stored columns");
+            arrays.push(format!("${}::text[]", first + i));
+            names.push(format!("sd_k{i}"));
+            on.push(format!(
+                "{alias}.{pk} = sd_keys.sd_k{i}::{}",
+                column.type_name
+            ));
+        }
+        format!(
+            "JOIN unnest({}) AS sd_keys({}) ON {}",
+            arrays.join(", "),
+            names.join(", "),
+            on.join(" AND ")
+        )
+    }
 }
 
 /// Whether `table` exists on this shard at all (protected or not).
@@ -255,6 +287,7 @@ mod tests {
             key_quoted: "tenant_id".into(),
             key_type: "text".into(),
             key_builtin: true,
+            key_indexed: true,
             columns: vec![],
             primary_key: vec![],
             identity_gaps: vec![],

@@ -18,6 +18,8 @@ pub enum Step {
     Freeze,
     Copy,
     Verify,
+    /// Following the entity's changes on both shards, for the check under the freeze.
+    Track,
     Sequences,
     FenceTarget,
     Cutover,
@@ -41,6 +43,7 @@ impl fmt::Display for Step {
             Step::Freeze => "freeze",
             Step::Copy => "copy",
             Step::Verify => "verify",
+            Step::Track => "change tracking",
             Step::Sequences => "sequences",
             Step::FenceTarget => "fence target",
             Step::Cutover => "cutover",
@@ -87,14 +90,29 @@ pub enum Error {
     Preflight { problem: String, fix: String },
     /// The entity's rows differ between source and target while frozen.
     #[error(
-        "verify: table {table} differs: source has {source_rows} rows, target {target_rows}; \
-         differing keys (first 20): {}", .keys.join(", ")
+        "verify: table {table} differs: source has {source_rows} rows, target {target_rows}{}; \
+         differing keys (first 20): {}",
+        if *.changed_only { " among the rows changed since the online check" } else { "" },
+        .keys.join(", ")
     )]
     Mismatch {
         table: String,
+        /// The rows compared on each side: all of the entity's in the table, or (`changed_only`)
+        /// those of the keys changed since the online check.
         source_rows: i64,
         target_rows: i64,
+        changed_only: bool,
         keys: Vec<String>,
+    },
+    /// A shard's stream of the entity's changes could not be read.
+    #[error(
+        "change tracking: slot {slot} on shard {shard} sent a message the mover cannot read \
+         ({why}); the move stays resumable and checks online again when resumed"
+    )]
+    Stream {
+        shard: String,
+        slot: String,
+        why: &'static str,
     },
     /// A foreign key joins a row of the entity to a row of another entity: one end would move
     /// and the other stay.

@@ -3,12 +3,14 @@
 //! entity's rows or be refused. And on the target, every row the moved rows reference must be
 //! there before the cutover: logical replication applies rows without checking foreign keys.
 
+use tokio_postgres::types::ToSql;
 use tokio_postgres::Client;
 
 use shard_directory_protocol::EntityKey;
 
 use crate::catalog::{EntityTable, ForeignKey};
 use crate::error::{At, Error, Place, Step};
+use crate::tracking::Changed;
 
 /// A foreign key between two of the entity's tables that does not match key column to key
 /// column, so a row of one entity may reference a row of another.
@@ -92,15 +94,17 @@ pub(crate) fn crossing_error(c: &Crossing<'_>, entity: &EntityKey, rows: Vec<Str
     }
 }
 
-/// The row keys `sql` (with the entity id as `$1`) finds in `table` on `shard`.
+/// The row keys `sql` (with the entity id as `$1`, `more` from `$2`) finds in `table` on `shard`.
 async fn row_keys(
     client: &Client,
-    sql: &str,
+    (sql, more): (&str, &[&(dyn ToSql + Sync)]),
     entity: &EntityKey,
     step: Step,
     (shard, table): (&str, &str),
 ) -> Result<Vec<String>, Error> {
-    let rows = client.query(sql, &[&entity.entity_id]).await;
+    let mut params: Vec<&(dyn ToSql + Sync)> = vec![&entity.entity_id];
+    params.extend_from_slice(more);
+    let rows = client.query(sql, &params).await;
     let place = Place::Table {
         shard: shard.to_owned(),
         table: table.to_owned(),
@@ -119,7 +123,7 @@ pub(crate) async fn check_crossings(
 ) -> Result<(), Error> {
     for c in crossings(tables) {
         for sql in [referencing_sql(&c), referenced_sql(&c)] {
-            let rows = row_keys(client, &sql, entity, step, (shard, &c.from.name)).await?;
+            let rows = row_keys(client, (&sql, &[]), entity, step, (shard, &c.from.name)).await?;
             if !rows.is_empty() {
                 return Err(crossing_error(&c, entity, rows));
             }
@@ -132,14 +136,25 @@ pub(crate) async fn check_crossings(
 /// (foreign keys with any column NULL reference nothing, as MATCH SIMPLE has it). Only keys into
 /// tables that are not the entity's are read: a key into one of its tables either matches key
 /// to key (the referenced rows are the entity's, which verification found identical to the
-/// source's, where the key holds) or crosses entities ([`check_crossings`]).
+/// source's, where the key holds) or crosses entities ([`check_crossings`]). With `only`, just
+/// the rows changed since the online check: a row the target had then keeps what it references
+/// (the target's foreign key refuses deleting that).
 pub(crate) async fn check_references_present(
     target: &Client,
     shard: &str,
     tables: &[EntityTable],
     entity: &EntityKey,
+    only: Option<&Changed>,
 ) -> Result<(), Error> {
     for t in tables {
+        let (clause, columns) = match only.map(|c| c.table(&t.name)) {
+            None => (String::new(), Vec::new()),
+            Some(None) => continue,
+            Some(Some(c)) if c.all => (String::new(), Vec::new()),
+            Some(Some(c)) => (t.keys_join("f", 2), c.columns(t.primary_key.len())),
+        };
+        let more: Vec<&(dyn ToSql + Sync)> =
+            columns.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
         let outside = t
             .foreign_keys
             .iter()
@@ -162,12 +177,19 @@ pub(crate) async fn check_references_present(
                 .collect::<Vec<_>>()
                 .join(" AND ");
             let sql = format!(
-                "SELECT {} FROM {} f WHERE {} AND {present} LIMIT 5",
+                "SELECT {} FROM {} f {clause} WHERE {} AND {present} LIMIT 5",
                 t.row_key_at("f"),
                 t.quoted,
                 predicate(t, "f")
             );
-            let rows = row_keys(target, &sql, entity, Step::Verify, (shard, &t.name)).await?;
+            let found = row_keys(
+                target,
+                (&sql, &more),
+                entity,
+                Step::Verify,
+                (shard, &t.name),
+            );
+            let rows = found.await?;
             if !rows.is_empty() {
                 return Err(Error::MissingReference {
                     shard: shard.to_owned(),

@@ -31,7 +31,8 @@
 //!   `registry` (where the shards are);
 //! - `run` (one process driving one move, phase by phase): `record` (`shard_moves`), `phase`,
 //!   `entry` (the directory entry), `side` (one shard), `fence`, `logical` and `copy` (the two
-//!   methods), `verify`, `sequences`, `purge` (the source's rows deleted);
+//!   methods), `verify` (online, then under the freeze only what `tracking` saw change, read from
+//!   `pgoutput` streams), `sequences`, `purge` (the source's rows deleted);
 //! - `status` (who drives a move, what its slot keeps), `reconcile` (rows on a shard the
 //!   directory does not name), `observer` (what a move reports), `error`.
 
@@ -46,6 +47,7 @@ mod logical;
 mod mover;
 mod observer;
 mod options;
+mod pgoutput;
 mod phase;
 mod preflight;
 mod privileges;
@@ -57,6 +59,7 @@ mod run;
 mod sequences;
 mod side;
 mod status;
+mod tracking;
 mod verify;
 
 pub use entry::{HistoryRow, Placement};

@@ -74,25 +74,52 @@ pub(crate) async fn ensure_publication(
     if adoptable(source, describe, "publication", name, signature).await? {
         return Ok(());
     }
+    create_publication(source, name, tables, entity_id, Publish::Move(signature)).await?;
+    Ok(())
+}
+
+/// What a publication of the entity's rows is for.
+pub(crate) enum Publish<'a> {
+    /// The move's own, subscribed to, with its signature: never truncations, which a row filter
+    /// does not apply to (the subscriber would empty the whole table).
+    Move(&'a str),
+    /// Change tracking's, only ever decoded by the mover: truncations too.
+    Tracking,
+}
+
+/// Creates a publication of the entity's rows in `tables`, row-filtered on its key.
+pub(crate) async fn create_publication(
+    client: &Client,
+    name: &str,
+    tables: &[EntityTable],
+    entity_id: &str,
+    publish: Publish<'_>,
+) -> Result<(), tokio_postgres::Error> {
+    let (operations, comment) = match publish {
+        Publish::Move(signature) => ("insert, update, delete", signature),
+        Publish::Tracking => (
+            "insert, update, delete, truncate",
+            "shard_directory change tracking",
+        ),
+    };
     let quoted: Vec<&str> = tables.iter().map(|t| t.quoted.as_str()).collect();
     let keys: Vec<&str> = tables.iter().map(|t| t.key_quoted.as_str()).collect();
     let types: Vec<&str> = tables.iter().map(|t| t.key_type.as_str()).collect();
     // The row filter needs a literal; the server quotes it. Table, key and type come quoted.
-    let ddl: String = source
+    let ddl: String = client
         .query_one(
             "SELECT format('CREATE PUBLICATION %I FOR %s \
-                            WITH (publish = ''insert, update, delete'', publish_via_partition_root = true); \
+                            WITH (publish = %L, publish_via_partition_root = true); \
                             COMMENT ON PUBLICATION %I IS %L',
                            $1::text,
                            string_agg(format('TABLE %s WHERE (%s = %L::%s)', t.quoted, t.key, $2::text, t.type), ', '),
-                           $1::text, $5::text)
+                           $7::text, $1::text, $5::text)
              FROM unnest($3::text[], $4::text[], $6::text[]) AS t(quoted, key, type)",
-            &[&name, &entity_id, &quoted, &keys, &signature, &types],
+            &[&name, &entity_id, &quoted, &keys, &comment, &types, &operations],
         )
-        .await
-        ?
+        .await?
         .get(0);
-    source.batch_execute(&ddl).await.map_err(Trouble::from)
+    client.batch_execute(&ddl).await
 }
 
 async fn slot_exists(source: &Client, name: &str) -> Result<bool, tokio_postgres::Error> {
@@ -421,13 +448,13 @@ pub(crate) async fn drop_publication(
 }
 
 /// Replication objects of moves on this shard: `(kind, name)` for every publication, slot and
-/// subscription named `sd_move_<id>`.
+/// subscription named `sd_move_<id>` (and change tracking's publications, `sd_move_<id>_track`).
 pub(crate) async fn objects(
     client: &Client,
 ) -> Result<Vec<(String, String)>, tokio_postgres::Error> {
     let rows = client
         .query(
-            "SELECT 'publication', pubname::text FROM pg_publication WHERE pubname ~ '^sd_move_[0-9]+$'
+            "SELECT 'publication', pubname::text FROM pg_publication WHERE pubname ~ '^sd_move_[0-9]+(_track)?$'
              UNION ALL
              SELECT 'slot', slot_name::text FROM pg_replication_slots WHERE slot_name ~ '^sd_move_[0-9]+$'
              UNION ALL

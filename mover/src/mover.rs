@@ -118,6 +118,9 @@ impl Mover {
             .await
             .at(Step::Connect, Place::Directory)
             .map_err(|e| stopped(move_id, e, begun))?;
+        for warning in &plan.warnings {
+            self.observer.note(move_id, &format!("warning: {warning}"));
+        }
         self.observer.phase(move_id, record.phase).await;
         Run::new(
             &self.options,
@@ -486,7 +489,11 @@ impl Mover {
                     .await
                     .at(Step::Cleanup, side.name())?;
                 for (kind, name) in objects {
-                    let id = name.trim_start_matches("sd_move_").parse::<i64>().ok();
+                    let id = name
+                        .trim_start_matches("sd_move_")
+                        .trim_end_matches("_track")
+                        .parse::<i64>()
+                        .ok();
                     let Some(id) = id.filter(|id| kind == pass && *id <= newest) else {
                         continue;
                     };

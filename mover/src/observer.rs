@@ -1,14 +1,23 @@
-//! What a move reports while it runs. The CLI draws progress bars from it; tests use `phase` to
-//! hold a move at a phase, as a crash would leave it.
+//! What a move reports while it runs. The CLI draws progress bars from it; tests use `phase` and
+//! `step` to hold a move there, as a crash would leave it, or to act behind its back.
 
 use futures_util::future::BoxFuture;
 
+use crate::error::Step;
 use crate::phase::Phase;
 
 pub trait Observer: Send + Sync {
     /// The move's record now says `phase`. The move goes on when the returned future completes.
     fn phase(&self, move_id: i64, phase: Phase) -> BoxFuture<'_, ()> {
         tracing::info!(move_id, %phase, "move entered a phase");
+        Box::pin(std::future::ready(()))
+    }
+
+    /// The move begins `step` within its phase: [`Step::Verify`] for the check while the entity
+    /// is writable, [`Step::CatchUp`] for each estimate of the freeze, [`Step::Freeze`] once it is
+    /// about to freeze. The move goes on when the returned future completes.
+    fn step(&self, move_id: i64, step: Step) -> BoxFuture<'_, ()> {
+        tracing::debug!(move_id, %step, "move began a step");
         Box::pin(std::future::ready(()))
     }
 

@@ -17,6 +17,14 @@ pub struct MoveOptions {
     pub method: MethodChoice,
     /// Longest time the entity's writes may be refused; past it the move aborts itself.
     pub max_freeze: Duration,
+    /// Method logical: compare every row while the entity is still writable and, under the
+    /// freeze, only the rows changed since, so the freeze does not grow with the entity. Off, the
+    /// freeze compares every row (needs no slot or publication on the target).
+    pub online_check: bool,
+    /// How many freezes a logical move makes when one runs past `max_freeze`: each is undone
+    /// (the entity writable again, its copy kept) and the move catches up and freezes again;
+    /// past the last, it aborts.
+    pub freeze_attempts: u32,
     /// Leave the entity's rows on the source (fenced `moved`, so nobody reads or writes them).
     pub keep_source: bool,
     /// Longest time the initial copy, and the catch-up before the freeze, may take. Past it the
@@ -47,6 +55,8 @@ impl Default for MoveOptions {
         MoveOptions {
             method: MethodChoice::Auto,
             max_freeze: Duration::from_secs(10),
+            online_check: true,
+            freeze_attempts: 3,
             keep_source: false,
             sync_timeout: Duration::from_secs(30 * 60),
             delete_batch: 10_000,

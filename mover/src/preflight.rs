@@ -33,6 +33,8 @@ pub struct Plan {
     pub tables: Vec<(String, i64)>,
     pub source_fence: Fence,
     pub target_fence: Fence,
+    /// What will make the move slower than it need be, with the fix; it goes ahead.
+    pub warnings: Vec<String>,
 }
 
 impl fmt::Display for Plan {
@@ -53,10 +55,14 @@ impl fmt::Display for Plan {
             "  fences now: source {}, target {}",
             self.source_fence, self.target_fence
         )?;
+        for warning in &self.warnings {
+            writeln!(f, "  warning: {warning}")?;
+        }
         let steps = match self.method {
             Method::Logical => {
                 "begin_move; publication + subscription (copy, then stream); wait for a small lag; \
-                 freeze; catch up; verify; sequences; fence target; complete_move; fence source; \
+                 track changes on both shards and compare every row; freeze; catch up; compare \
+                 the rows changed since; sequences; fence target; complete_move; fence source; \
                  drop replication; delete source rows"
             }
             Method::Copy => {
@@ -118,8 +124,24 @@ pub(crate) async fn preflight(
         tables: rows_on_source(&source, &tables, key).await?,
         source_fence,
         target_fence,
+        warnings: unindexed_keys(&tables),
     };
     Ok((plan, tables, source, target))
+}
+
+/// A warning per table whose key column leads no index, naming the index to create.
+fn unindexed_keys(tables: &[EntityTable]) -> Vec<String> {
+    tables
+        .iter()
+        .filter(|t| !t.key_indexed)
+        .map(|t| {
+            format!(
+                "no index of {} leads with {}: every check of the entity's rows, and every batch \
+                 of their delete, reads the whole table; fix: CREATE INDEX ON {} ({})",
+                t.name, t.key_column, t.quoted, t.key_quoted
+            )
+        })
+        .collect()
 }
 
 /// A refusal: what is wrong and how to fix it.

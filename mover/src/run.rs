@@ -31,6 +31,7 @@ use crate::purge;
 use crate::record::{self, Method, MoveRecord};
 use crate::sequences;
 use crate::side::Side;
+use crate::tracking::{self, Changed, Tracker, Tracking};
 use crate::verify;
 
 pub(crate) fn stopped(move_id: i64, error: Error, phase: Option<Phase>) -> Failure {
@@ -87,6 +88,12 @@ pub(crate) struct Run<'m> {
     reenabled: bool,
     /// Whether this run's abort has released the entity (source fence and directory restored).
     released: bool,
+    /// The entity's changes on both shards since this run's online check (logical method).
+    tracking: Option<Tracking>,
+    /// Why the entity's changes could not be tracked: the freeze compares every row.
+    untracked: Option<String>,
+    /// Freezes this run undid after they ran past `max_freeze`.
+    freezes_undone: u32,
 }
 
 impl<'m> Run<'m> {
@@ -118,6 +125,9 @@ impl<'m> Run<'m> {
             verified_here: false,
             reenabled: false,
             released: false,
+            tracking: None,
+            untracked: None,
+            freezes_undone: 0,
         }
     }
 
@@ -217,12 +227,29 @@ impl<'m> Run<'m> {
             }
             (Phase::CatchingUp, _) => {
                 self.wait_for_small_lag().await?;
+                if self.options.online_check && self.tracking.is_none() && self.untracked.is_none()
+                {
+                    self.observer.step(self.id(), Step::Verify).await;
+                    self.check_online().await?;
+                }
+                if self.tracking.is_some() {
+                    self.estimate_freeze().await?;
+                }
+                self.observer.step(self.id(), Step::Freeze).await;
                 self.freeze().await
             }
-            (Phase::Frozen, _) => {
-                self.catch_up_and_verify().await?;
-                self.enter(Phase::Verified).await
-            }
+            (Phase::Frozen, method) => match self.catch_up_and_verify().await {
+                Err(e @ Error::FreezeExceeded { .. })
+                    if method == Method::Logical
+                        && self.freezes_undone + 1 < self.options.freeze_attempts =>
+                {
+                    self.unfreeze(e).await
+                }
+                checked => {
+                    checked?;
+                    self.enter(Phase::Verified).await
+                }
+            },
             (Phase::Verified, _) => self.cutover().await,
             (Phase::Cutover, _) => {
                 let version = self.record.cutover_version.expect("set with the cutover");
@@ -611,8 +638,9 @@ impl<'m> Run<'m> {
     }
 
     /// Before freezing: probes until the target catches up with the source within a quarter of
-    /// `max_freeze`, so the catch-up under the freeze is expected to fit in it.
-    async fn wait_for_small_lag(&mut self) -> Result<(), Error> {
+    /// `max_freeze`, so the catch-up under the freeze is expected to fit in it; returns how long
+    /// the last catch-up took.
+    async fn wait_for_small_lag(&mut self) -> Result<Duration, Error> {
         let started = Instant::now();
         let small = max_freeze(&self.record) / 4;
         let limit = self.options.sync_timeout;
@@ -627,8 +655,12 @@ impl<'m> Run<'m> {
                 after: limit,
             })
             .await?;
-            if probe.elapsed() <= small {
-                return Ok(());
+            let took = probe.elapsed();
+            if let Some(tracking) = self.tracking.as_mut() {
+                tracking.drain(&self.tables).await?;
+            }
+            if took <= small {
+                return Ok(took);
             }
             let lag = logical::lag_bytes(&self.source.client, &self.record.replication_name)
                 .await
@@ -636,11 +668,147 @@ impl<'m> Run<'m> {
             self.observer.note(
                 self.id(),
                 &format!(
-                    "catch-up took {:?} (lag {lag} bytes); waiting for it to take under {small:?}",
-                    probe.elapsed()
+                    "catch-up took {took:?} (lag {lag} bytes); waiting for it to take under {small:?}"
                 ),
             );
         }
+    }
+
+    /// While the entity is writable: change tracking starts on both shards, then every row is
+    /// compared (and what the moved rows reference looked for on the target), so that the freeze
+    /// checks only the rows that differed or changed since. A shard that cannot be tracked
+    /// leaves the whole comparison to the freeze, with a note.
+    async fn check_online(&mut self) -> Result<(), Error> {
+        let (id, patience) = (self.id(), self.options.fence_patience);
+        let target = self.target(Step::Track)?;
+        let source_stream =
+            Tracker::start(&self.source, id, &self.tables, &self.key, patience).await?;
+        let target_stream = Tracker::start(target, id, &self.tables, &self.key, patience).await?;
+        let (source_stream, target_stream) = match (source_stream, target_stream) {
+            (Ok(s), Ok(t)) => (s, t),
+            (Err(why), _) | (_, Err(why)) => {
+                self.observer
+                    .note(id, &format!("the freeze will compare every row: {why}"));
+                self.untracked = Some(why);
+                return Ok(());
+            }
+        };
+        let started = Instant::now();
+        let (counts, changed) = verify::online(
+            (&self.source.client, self.source.name()),
+            (&target.client, target.name()),
+            &self.tables,
+            &self.key,
+        )
+        .await?;
+        integrity::check_references_present(
+            &target.client,
+            target.name(),
+            &self.tables,
+            &self.key,
+            None,
+        )
+        .await?;
+        self.observer.note(
+            id,
+            &format!(
+                "compared every row online in {:?}; {} key(s) to compare again under the freeze",
+                started.elapsed(),
+                changed.len()
+            ),
+        );
+        for (table, rows) in counts {
+            if let Some(p) = self.record.tables.get_mut(&table) {
+                p.verified = Some(rows);
+            }
+        }
+        record::set_tables(&self.directory, id, &self.record.tables)
+            .await
+            .at(Step::Record, Place::Directory)?;
+        self.tracking = Some(Tracking {
+            source: source_stream,
+            target: target_stream,
+            changed,
+        });
+        Ok(())
+    }
+
+    /// Before freezing with change tracking: catches up, then compares the rows changed since the
+    /// online check while the entity is still writable (those equal now need no comparison under
+    /// the freeze; one that changes again comes back through the streams). The freeze is
+    /// estimated as that catch-up and that comparison; while the estimate exceeds half of
+    /// `max_freeze` it catches up and compares again instead of freezing, up to `sync_timeout`.
+    async fn estimate_freeze(&mut self) -> Result<(), Error> {
+        let (started, budget) = (Instant::now(), max_freeze(&self.record) / 2);
+        loop {
+            self.observer.step(self.id(), Step::CatchUp).await;
+            let catch_up = self.wait_for_small_lag().await?;
+            let compared = Instant::now();
+            let mut tracking = self.tracking.take().expect("tracking the entity's changes");
+            let left = async {
+                tracking.drain(&self.tables).await?;
+                let target = self.target(Step::Verify)?;
+                verify::still_differing(
+                    (&self.source.client, self.source.name()),
+                    (&target.client, target.name()),
+                    &self.tables,
+                    &self.key,
+                    &tracking.changed,
+                )
+                .await
+            }
+            .await;
+            let (before, compare) = (tracking.changed.len(), compared.elapsed());
+            let left = left.map(|left| tracking.changed = left);
+            self.tracking = Some(tracking);
+            left?;
+            let estimate = catch_up + compare;
+            let note = format!(
+                "estimated freeze {estimate:?}: a catch-up of {catch_up:?} and {before} changed \
+                 key(s) compared in {compare:?}"
+            );
+            if estimate <= budget {
+                self.observer.note(self.id(), &note);
+                return Ok(());
+            }
+            if started.elapsed() > self.options.sync_timeout {
+                return Err(Error::Timeout {
+                    step: Step::CatchUp,
+                    what: format!("an estimated freeze within half of --max-freeze ({note})"),
+                    after: self.options.sync_timeout,
+                });
+            }
+            self.observer.note(
+                self.id(),
+                &format!("{note}; over half of --max-freeze, catching up again"),
+            );
+        }
+    }
+
+    /// A freeze that ran past `max_freeze`, undone with the copy kept: the target fenced as
+    /// during the move, the source's fence as before it, the entry back to migrating. The next
+    /// freeze follows a new online check: a stream read cut off by the deadline may have consumed
+    /// changes the mover never saw.
+    async fn unfreeze(&mut self, exceeded: Error) -> Result<(), Error> {
+        self.freezes_undone += 1;
+        self.tracking = None;
+        self.fence_target_during_move().await?;
+        let before = self.record.source_fence.clone();
+        self.set_fence_patiently(&self.source, &before, Step::Freeze)
+            .await?;
+        self.directory_step(DirectoryStep::Thaw, Phase::CatchingUp)
+            .await?;
+        (self.deadline, self.fenced_here) = (None, false);
+        self.observer.note(
+            self.id(),
+            &format!(
+                "{exceeded}; the freeze was undone, the copy kept: freezing again (freeze {} of \
+                 {})",
+                self.freezes_undone + 1,
+                self.options.freeze_attempts
+            ),
+        );
+        Ok(())
     }
 
     /// Freezes the entry (its version `F` is what the source's lease admits clients above once
@@ -787,52 +955,11 @@ impl<'m> Run<'m> {
             }
             Method::Copy => within(deadline, limit, Step::Copy, self.copy()).await?,
         }
+        let mut tracking = self.tracking.take();
+        let checked = self.check_rows(tracking.as_mut(), deadline, limit).await;
+        self.tracking = tracking;
+        checked?;
         let target = self.target(Step::Verify)?;
-        let counts = within(
-            deadline,
-            limit,
-            Step::Verify,
-            verify::verify(
-                (&self.source.client, self.source.name()),
-                (&target.client, target.name()),
-                &self.tables,
-                &self.key,
-            ),
-        )
-        .await?;
-        for (table, rows) in counts {
-            if let Some(p) = self.record.tables.get_mut(&table) {
-                p.verified = Some(rows);
-                p.copied = rows;
-            }
-        }
-        record::set_tables(&self.directory, self.id(), &self.record.tables)
-            .await
-            .at(Step::Record, Place::Directory)?;
-        let target = self.target(Step::Verify)?;
-        // No row may join the entity to another one; and logical apply checks no foreign key
-        // (a copy's COPY does), so after it what the moved rows reference must be on the target.
-        within(deadline, limit, Step::Verify, async {
-            integrity::check_crossings(
-                &self.source.client,
-                self.source.name(),
-                &self.tables,
-                &self.key,
-                Step::Verify,
-            )
-            .await?;
-            if self.record.method != Method::Logical {
-                return Ok(());
-            }
-            integrity::check_references_present(
-                &target.client,
-                target.name(),
-                &self.tables,
-                &self.key,
-            )
-            .await
-        })
-        .await?;
         within(
             deadline,
             limit,
@@ -857,6 +984,91 @@ impl<'m> Run<'m> {
         .await?;
         self.verified_here = true;
         Ok(())
+    }
+
+    /// Under the freeze: the rows changed since the online check (every row without one) compared
+    /// on both sides, and what they reference looked for on the target.
+    async fn check_rows(
+        &mut self,
+        tracking: Option<&mut Tracking>,
+        deadline: Instant,
+        limit: Duration,
+    ) -> Result<(), Error> {
+        let changed = match tracking {
+            Some(tracking) => {
+                within(deadline, limit, Step::Track, tracking.drain(&self.tables)).await?;
+                let target = self.target(Step::Verify)?;
+                let compared = verify::recheck(
+                    (&self.source.client, self.source.name()),
+                    (&target.client, target.name()),
+                    &self.tables,
+                    &self.key,
+                    &tracking.changed,
+                );
+                within(deadline, limit, Step::Verify, compared).await?;
+                Some(&tracking.changed)
+            }
+            None => {
+                let target = self.target(Step::Verify)?;
+                let counts = within(
+                    deadline,
+                    limit,
+                    Step::Verify,
+                    verify::verify(
+                        (&self.source.client, self.source.name()),
+                        (&target.client, target.name()),
+                        &self.tables,
+                        &self.key,
+                    ),
+                )
+                .await?;
+                for (table, rows) in counts {
+                    if let Some(p) = self.record.tables.get_mut(&table) {
+                        p.verified = Some(rows);
+                        p.copied = rows;
+                    }
+                }
+                record::set_tables(&self.directory, self.id(), &self.record.tables)
+                    .await
+                    .at(Step::Record, Place::Directory)?;
+                None
+            }
+        };
+        self.check_references(changed, deadline, limit).await
+    }
+
+    /// No row may join the entity to another one; and logical apply checks no foreign key (a
+    /// copy's COPY does), so after it what the moved rows (`changed`: those changed since the
+    /// online check) reference must be on the target.
+    async fn check_references(
+        &self,
+        changed: Option<&Changed>,
+        deadline: Instant,
+        limit: Duration,
+    ) -> Result<(), Error> {
+        let target = self.target(Step::Verify)?;
+        within(deadline, limit, Step::Verify, async {
+            integrity::check_crossings(
+                &self.source.client,
+                self.source.name(),
+                &self.tables,
+                &self.key,
+                Step::Verify,
+            )
+            .await?;
+            if self.record.method != Method::Logical {
+                return Ok(());
+            }
+            integrity::check_references_present(
+                &target.client,
+                target.name(),
+                &self.tables,
+                &self.key,
+                changed,
+            )
+            .await
+        })
+        .await
     }
 
     /// Method copy: the entity's rows, over connections of their own (a copy cut off by the
@@ -913,6 +1125,7 @@ impl<'m> Run<'m> {
         self.directory_step(DirectoryStep::Complete, Phase::Cutover)
             .await?;
         self.deadline = None;
+        self.tracking = None;
         Ok(())
     }
 
@@ -926,7 +1139,13 @@ impl<'m> Run<'m> {
         logical::drop_subscription(&target.client, name)
             .await
             .at(step, target.name())?;
+        tracking::drop(&target.client, self.id())
+            .await
+            .at(step, target.name())?;
         logical::drop_publication(&self.source.client, name)
+            .await
+            .at(step, self.source.name())?;
+        tracking::drop(&self.source.client, self.id())
             .await
             .at(step, self.source.name())
     }

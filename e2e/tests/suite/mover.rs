@@ -3,14 +3,14 @@
 //! abort a move, a move stopped at any phase resumes or aborts cleanly, and `cleanup` removes
 //! what finished moves left behind.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use shard_directory_client::{EntityKey, Router, State};
-use shard_directory_e2e::observe::{self, act_at};
+use shard_directory_e2e::observe::{self, act_at, ActAt, At};
 use shard_directory_e2e::{eventually, Topology};
 use shard_directory_mover::{
-    Error, Fence, Left, Method, MethodChoice, MoveOptions, MoveRecord, Phase,
+    Error, Fence, Left, Method, MethodChoice, MoveOptions, MoveRecord, Phase, Step,
 };
 use tokio::sync::watch;
 use tokio_postgres::Client;
@@ -285,10 +285,10 @@ async fn the_freeze_waits_until_the_target_applied_every_write_committed_before_
         Arc::new(t.shard("shard_1").await),
         Arc::new(t.shard("shard_2").await),
     );
-    // Once the initial copy is done: a lock on the target that its apply will stall on, and a
-    // checked write of the tenant in flight on the source when the freeze begins (the fence
-    // waits for it; it commits a second later, on its own).
-    let act = act_at(Phase::CatchingUp, {
+    // Right before the freeze: a lock on the target that its apply will stall on, and a checked
+    // write of the tenant in flight on the source when the freeze begins (the fence waits for
+    // it; it commits a second later, on its own).
+    let act = act_at(Step::Freeze, {
         let (writer, locker) = (writer.clone(), locker.clone());
         move || {
             let (writer, locker) = (writer.clone(), locker.clone());
@@ -361,54 +361,112 @@ async fn the_freeze_waits_until_the_target_applied_every_write_committed_before_
     assert!(record.catchup_lsn.is_some() && record.confirmed_lsn.is_some());
 }
 
+/// A row planted on the target: where in the move, the statement, the rows compared on each side
+/// by the check that finds it, the key it names, with the online check or without.
+struct Plant {
+    at: At,
+    sql: &'static str,
+    rows: (i64, i64),
+    named: &'static str,
+    online_check: bool,
+}
+
+/// A row lost, altered or added on the target behind the mover's back (and its fence's: by a
+/// superuser, with triggers off) aborts the move, naming the key: lost during the copy (the online
+/// check finds it), altered after the online check, added under the freeze (change tracking
+/// carries both to the check under the freeze, which compares only what changed).
 #[tokio::test]
-async fn a_verification_mismatch_aborts_and_names_the_differing_keys() {
+async fn a_row_lost_altered_or_added_on_the_target_aborts_and_is_named() {
     let t = Topology::with_shards("mismatch", 2).await;
     t.add_tenant("a", "shard_1").await;
     seed(&t, "shard_1", "a", 50).await;
-    // A row of the tenant appears on the target behind the mover's back (and its fence's: by a
-    // superuser, with triggers off), under the freeze.
-    let target = Arc::new(t.shard("shard_2").await);
-    let act = act_at(Phase::Frozen, move || {
-        let target = target.clone();
-        Box::pin(async move {
-            target
-                .batch_execute(
-                    "BEGIN; SET LOCAL session_replication_role = replica;
-                     INSERT INTO orders (tenant_id, item, order_id) VALUES ('a', 'rogue', 999999);
-                     COMMIT",
-                )
-                .await
-                .expect("a rogue row on the target");
-        })
-    });
-    let failure = t
-        .mover(options(MethodChoice::Logical))
-        .with_observer(act)
-        .start(&tenant("a"), "shard_2")
-        .await
-        .expect_err("verification fails");
-    match &failure.error {
-        Error::Mismatch {
-            table,
-            source_rows,
-            target_rows,
-            keys,
-        } => {
-            assert_eq!(table, "public.orders");
-            assert_eq!((*source_rows, *target_rows), (50, 51));
-            assert_eq!(keys, &["(a,999999)"]);
+    let cases: [Plant; 4] = [
+        Plant {
+            at: Phase::CatchingUp.into(),
+            sql: "DELETE FROM orders WHERE tenant_id = 'a' AND order_id = 5",
+            rows: (1, 0),
+            named: "(a,5)",
+            online_check: true,
+        },
+        Plant {
+            at: Step::Freeze.into(),
+            sql: "UPDATE orders SET item = 'altered' WHERE tenant_id = 'a' AND order_id = 7",
+            rows: (1, 1),
+            named: "(a,7)",
+            online_check: true,
+        },
+        Plant {
+            at: Phase::Frozen.into(),
+            sql: "INSERT INTO orders (tenant_id, item, order_id) VALUES ('a', 'rogue', 999999)",
+            rows: (0, 1),
+            named: "(a,999999)",
+            online_check: true,
+        },
+        // without the online check, every row is compared under the freeze
+        Plant {
+            at: Phase::Frozen.into(),
+            sql: "INSERT INTO orders (tenant_id, item, order_id) VALUES ('a', 'rogue', 999998)",
+            rows: (50, 51),
+            named: "(a,999998)",
+            online_check: false,
+        },
+    ];
+    for Plant {
+        at,
+        sql: planted,
+        rows,
+        named,
+        online_check,
+    } in cases
+    {
+        let target = Arc::new(t.shard("shard_2").await);
+        let act = act_at(at, move || {
+            let target = target.clone();
+            let sql =
+                format!("BEGIN; SET LOCAL session_replication_role = replica; {planted}; COMMIT");
+            Box::pin(async move {
+                target
+                    .batch_execute(&sql)
+                    .await
+                    .expect("planted on the target");
+            })
+        });
+        let failure = t
+            .mover(MoveOptions {
+                online_check,
+                ..options(MethodChoice::Logical)
+            })
+            .with_observer(act.clone())
+            .start(&tenant("a"), "shard_2")
+            .await
+            .expect_err(&format!(
+                "the check under the freeze fails: {:?}",
+                act.notes()
+            ));
+        match &failure.error {
+            Error::Mismatch {
+                table,
+                source_rows,
+                target_rows,
+                changed_only,
+                keys,
+            } => {
+                assert_eq!(table, "public.orders", "{planted}");
+                assert_eq!((*source_rows, *target_rows), rows, "{planted}");
+                assert_eq!(*changed_only, online_check, "{planted}: {:?}", act.notes());
+                assert_eq!(keys, &[named], "{planted}");
+            }
+            other => panic!("{planted}: expected a mismatch, got {other}"),
         }
-        other => panic!("expected a mismatch, got {other}"),
+        assert_eq!(failure.left, Left::Aborted, "{failure}");
+        let record = t
+            .mover(MoveOptions::default())
+            .status(failure.move_id.unwrap())
+            .await
+            .unwrap();
+        assert_aborted(&t, &record, "a", (50, 100)).await;
+        assert!(record.last_error.unwrap().contains(named));
     }
-    assert_eq!(failure.left, Left::Aborted, "{failure}");
-    let record = t
-        .mover(MoveOptions::default())
-        .status(failure.move_id.unwrap())
-        .await
-        .unwrap();
-    assert_aborted(&t, &record, "a", (50, 100)).await;
-    assert!(record.last_error.unwrap().contains("(a,999999)"));
 }
 
 #[tokio::test]
@@ -426,15 +484,22 @@ async fn a_freeze_longer_than_max_freeze_aborts_and_the_tenant_is_writable_again
             max_freeze,
             ..options(MethodChoice::Logical)
         })
-        .with_observer(act)
+        .with_observer(act.clone())
         .start(&tenant("a"), "shard_2")
         .await
-        .expect_err("the freeze runs out");
+        .expect_err("every freeze runs out");
     assert!(
         matches!(failure.error, Error::FreezeExceeded { limit, .. } if limit == max_freeze),
         "{failure}"
     );
     assert_eq!(failure.left, Left::Aborted, "{failure}");
+    let notes = act.notes();
+    assert!(
+        ["freeze 2 of 3", "freeze 3 of 3"]
+            .iter()
+            .all(|n| notes.iter().any(|note| note.contains(n))),
+        "each freeze but the last undone and tried again: {notes:?}"
+    );
     let record = t
         .mover(MoveOptions::default())
         .status(failure.move_id.unwrap())
@@ -453,6 +518,125 @@ async fn a_freeze_longer_than_max_freeze_aborts_and_the_tenant_is_writable_again
         .await
         .expect("writable on its source");
     assert_eq!(t.rows("shard_1", "a").await.0, 11);
+}
+
+/// Moves tenant `a` (10 orders of 2 lines) to shard_2 by logical with `max_freeze`, observed by
+/// `act`, and checks that every row moved.
+async fn move_seeded_a(t: &Topology, max_freeze: Duration, act: Arc<ActAt>) -> MoveRecord {
+    let record = t
+        .mover(MoveOptions {
+            max_freeze,
+            ..options(MethodChoice::Logical)
+        })
+        .with_observer(act)
+        .start(&tenant("a"), "shard_2")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_moved(t, &record, "a", (10, 20)).await;
+    record
+}
+
+/// A freeze that runs out is undone with the copy kept (the same subscription goes on), the
+/// tenant writable meanwhile, and the next freeze completes the move.
+#[tokio::test]
+async fn a_freeze_that_runs_out_is_undone_and_tried_again_with_the_copy_kept() {
+    let t = Topology::with_shards("refreeze", 2).await;
+    t.add_tenant("a", "shard_1").await;
+    seed(&t, "shard_1", "a", 10).await;
+    let target = Arc::new(t.shard("shard_2").await);
+    let subscriptions = Arc::new(Mutex::new(Vec::new()));
+    let act = act_at(Phase::Frozen, {
+        let subscriptions = subscriptions.clone();
+        move || {
+            let (target, subscriptions) = (target.clone(), subscriptions.clone());
+            Box::pin(async move {
+                let oid: u32 = target
+                    .query_one("SELECT oid FROM pg_subscription", &[])
+                    .await
+                    .unwrap()
+                    .get(0);
+                let first = {
+                    let mut seen = subscriptions.lock().unwrap();
+                    seen.push(oid);
+                    seen.len() == 1
+                };
+                if first {
+                    tokio::time::sleep(Duration::from_millis(1500)).await;
+                }
+            })
+        }
+    });
+    move_seeded_a(&t, Duration::from_secs(1), act.clone()).await;
+    let seen = subscriptions.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "two freezes");
+    assert_eq!(seen[0], seen[1], "one subscription: the copy kept");
+    assert!(
+        act.notes()
+            .iter()
+            .any(|n| n.contains("the freeze was undone, the copy kept")),
+        "{:?}",
+        act.notes()
+    );
+}
+
+/// A freeze estimated over half of `--max-freeze` is not started: here the comparison of a
+/// changed row before it waits behind a lock on the source; the move catches up and estimates
+/// again, never frozen meanwhile, and freezes once the estimate fits.
+#[tokio::test]
+async fn a_freeze_estimated_over_budget_is_not_started() {
+    let t = Topology::with_shards("estimate", 2).await;
+    t.add_tenant("a", "shard_1").await;
+    seed(&t, "shard_1", "a", 10).await;
+    let (locker, dba) = (Arc::new(t.shard("shard_1").await), Arc::new(t.dba().await));
+    let rounds = Arc::new(Mutex::new(Vec::new()));
+    let act = act_at(Step::CatchUp, {
+        let rounds = rounds.clone();
+        move || {
+            let (locker, dba, rounds) = (locker.clone(), dba.clone(), rounds.clone());
+            Box::pin(async move {
+                if !rounds.lock().unwrap().is_empty() {
+                    return;
+                }
+                // a changed row to compare, then the lock its comparison waits behind
+                locker
+                    .batch_execute(
+                        "BEGIN; SET LOCAL session_replication_role = replica;
+                         UPDATE orders SET item = 'changed' WHERE tenant_id = 'a' AND order_id = 1;
+                         COMMIT",
+                    )
+                    .await
+                    .unwrap();
+                locker
+                    .batch_execute("BEGIN; LOCK TABLE orders IN ACCESS EXCLUSIVE MODE")
+                    .await
+                    .unwrap();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(1500)).await;
+                    let phase: String = dba
+                        .query_one("SELECT phase FROM shard_directory.shard_moves", &[])
+                        .await
+                        .unwrap()
+                        .get(0);
+                    rounds.lock().unwrap().push(phase);
+                    locker.batch_execute("COMMIT").await.unwrap();
+                });
+            })
+        }
+    });
+    let record = move_seeded_a(&t, Duration::from_secs(2), act.clone()).await;
+    assert_eq!(
+        rounds.lock().unwrap().as_slice(),
+        ["catching_up"],
+        "not frozen while the estimate was over"
+    );
+    let notes = act.notes();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("over half of --max-freeze, catching up again")),
+        "{notes:?}"
+    );
+    assert!(record.freeze_time().unwrap() < Duration::from_secs(1));
 }
 
 /// Starts a move of tenant `a` (on shard_1) that preflight must refuse; checks that the message

@@ -689,7 +689,7 @@ async fn every_sequence_the_entitys_tables_draw_from_is_advanced_on_the_target()
 }
 
 #[tokio::test]
-async fn a_logical_move_whose_rows_reference_what_the_target_lacks_aborts() {
+async fn a_logical_move_whose_rows_reference_what_the_target_lacks_waits_for_them() {
     let t = Topology::with_shards("missingref", 2).await;
     on_every_shard(
         &t,
@@ -712,8 +712,10 @@ async fn a_logical_move_whose_rows_reference_what_the_target_lacks_aborts() {
     )
     .await
     .unwrap();
-    let failure = t
-        .mover(options(MethodChoice::Logical))
+    // Found by the check while the tenant is writable: the move stops there, resumable, its copy
+    // kept, and goes on once the DBA has put the referenced row on the target.
+    let mover = t.mover(options(MethodChoice::Logical));
+    let failure = mover
         .start(&EntityKey::new("tenant", "a"), "shard_2")
         .await
         .expect_err("the reference is missing on the target");
@@ -722,12 +724,22 @@ async fn a_logical_move_whose_rows_reference_what_the_target_lacks_aborts() {
             if constraint == "cart_sku_fkey" && rows == &["(a,only-here)"]),
         "{failure}"
     );
-    assert_eq!(failure.left, Left::Aborted, "{failure}");
+    assert_eq!(failure.left, Left::Resumable, "{failure}");
+    assert_eq!(failure.phase, Some(Phase::CatchingUp), "{failure}");
     assert_eq!(
-        count(&t, "shard_2", "SELECT count(*) FROM cart").await,
-        0,
-        "the abort cleared the target"
+        t.entry("tenant", "a").await,
+        ("shard_1".into(), "migrating".into()),
+        "never frozen"
     );
+    t.shard("shard_2")
+        .await
+        .batch_execute("INSERT INTO products VALUES ('only-here')")
+        .await
+        .unwrap();
+    let done = mover.resume(failure.move_id.unwrap()).await.unwrap();
+    assert_eq!(done.phase, Phase::Done);
+    assert_eq!(count(&t, "shard_2", "SELECT count(*) FROM cart").await, 2);
+    assert_eq!(count(&t, "shard_1", "SELECT count(*) FROM cart").await, 0);
 }
 
 #[tokio::test]
@@ -772,4 +784,32 @@ async fn a_partition_whose_replica_identity_leaves_out_the_key_is_named_with_its
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(record.phase, Phase::Done);
+}
+
+/// A table whose key column leads no index: the plan warns, naming the index to create, and the
+/// move goes ahead.
+#[tokio::test]
+async fn a_key_column_no_index_leads_is_warned_about_with_its_create_index() {
+    let t = Topology::with_shards("keyindex", 2).await;
+    on_every_shard(
+        &t,
+        "CREATE TABLE \"Notes\" (id bigint PRIMARY KEY, tenant_id text NOT NULL, body text);
+         SELECT shard_directory.protect('\"Notes\"', 'tenant_id', 'tenant');",
+    )
+    .await;
+    t.add_tenant("a", "shard_1").await;
+    let plan = t
+        .mover(options(MethodChoice::Copy))
+        .plan(&EntityKey::new("tenant", "a"), "shard_2")
+        .await
+        .unwrap();
+    assert_eq!(plan.warnings.len(), 1, "{plan}");
+    assert!(
+        plan.warnings[0].contains("public.Notes")
+            && plan.warnings[0].contains("CREATE INDEX ON public.\"Notes\" (tenant_id)"),
+        "{plan}"
+    );
+    assert!(plan
+        .to_string()
+        .contains("warning: no index of public.Notes"));
 }

@@ -112,6 +112,14 @@ enum Command {
         /// `purge-source` deletes them later.
         #[arg(long)]
         keep_source: bool,
+        /// Method logical: compare every row under the freeze instead of online (then, under
+        /// the freeze, only the rows changed since); needs no slot or publication on the target.
+        #[arg(long)]
+        no_online_check: bool,
+        /// Method logical: freezes tried when one runs past --max-freeze (each undone, the copy
+        /// kept) before the move aborts.
+        #[arg(long, default_value_t = 3)]
+        freeze_attempts: u32,
         /// Check everything and print the plan; change nothing.
         #[arg(long)]
         dry_run: bool,
@@ -466,6 +474,8 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
         method,
         max_freeze,
         keep_source,
+        no_online_check,
+        freeze_attempts,
         unrelated_tables,
         ..
     } = &cli.command
@@ -478,6 +488,8 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
         };
         options.max_freeze = *max_freeze;
         options.keep_source = *keep_source;
+        options.online_check = !*no_online_check;
+        options.freeze_attempts = *freeze_attempts;
     }
     let progress = std::sync::Arc::new(Progress::new());
     let mover = Mover::new(directory, overrides, options).with_observer(progress.clone());
