@@ -132,6 +132,11 @@ CREATE TABLE shard_moves (
 CREATE UNIQUE INDEX shard_moves_open_idx ON shard_moves (entity_type, entity_id)
     WHERE finished_at IS NULL;
 
+-- Each move's new phase to the listeners of shard_directory_moves (a JSON object), at commit.
+CREATE TRIGGER shard_moves_notify
+    AFTER INSERT OR UPDATE OF phase ON shard_moves
+    FOR EACH ROW EXECUTE FUNCTION shard_moves_notify();
+
 -- Trigger order on shard_directory for one statement:
 --   statement_begin (opens the statement; refuses it if a trigger below would not run),
 --   guard (per row: state machine, shards, region, the version stamp the statement expects,

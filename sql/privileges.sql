@@ -10,6 +10,7 @@ REVOKE EXECUTE ON FUNCTION
     shard_directory_version_guard(),
     shard_directory_history_guard(),
     shards_guard(),
+    shard_moves_notify(),
     shard_settings_guard(),
     shard_fences_changed(),
     shard_directory_protect_statement(),

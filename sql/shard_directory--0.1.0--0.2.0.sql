@@ -55,6 +55,14 @@ CREATE TABLE shard_moves (
 -- At most one open move per entity.
 CREATE UNIQUE INDEX shard_moves_open_idx ON shard_moves (entity_type, entity_id)
     WHERE finished_at IS NULL;
+CREATE FUNCTION "shard_moves_notify"()
+	RETURNS TRIGGER
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', 'shard_moves_notify_wrapper';
+-- Each move's new phase to the listeners of shard_directory_moves (a JSON object), at commit.
+CREATE TRIGGER shard_moves_notify
+    AFTER INSERT OR UPDATE OF phase ON shard_moves
+    FOR EACH ROW EXECUTE FUNCTION shard_moves_notify();
 
 -- The tables an entity type's rows live in: those protected with
 -- protect(tbl, key_column, entity_type). The mover moves exactly these.
@@ -258,6 +266,7 @@ REVOKE EXECUTE ON FUNCTION
     shard_directory_version_guard(),
     shard_directory_history_guard(),
     shards_guard(),
+    shard_moves_notify(),
     shard_settings_guard(),
     shard_fences_changed(),
     shard_directory_protect_statement(),

@@ -65,6 +65,7 @@ pgrx::extension_sql_file!(
         directory::triggers::shard_directory_version_guard,
         directory::triggers::shard_directory_refuse_truncate,
         directory::triggers::shards_guard,
+        directory::triggers::shard_moves_notify,
     ]
 );
 

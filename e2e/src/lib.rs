@@ -10,15 +10,17 @@
 //! - `mover_cli`: the `shard-directory` CLI as an operator runs it (and kills it);
 //!   `observe`: observers that act on a move at a phase;
 //! - `proxy`, `pgbouncer`, `redis`: what stands between a client and a cluster, or beside it;
+//!   `prometheus`: a sample of the exporter's text;
 //! - `wait`: waiting on a condition with a deadline, and on a backend's lock.
 //!
-//! The tests are in `tests/suite/` (one binary), except `client_metrics` and `client_tracing`,
-//! which install process-wide recorders and run in processes of their own.
+//! The tests are in `tests/suite/` (one binary), except `client_metrics`, `client_tracing` and
+//! `mover_metrics`, which install process-wide recorders and run in processes of their own.
 
 mod cluster;
 pub mod mover_cli;
 pub mod observe;
 pub mod pgbouncer;
+pub mod prometheus;
 pub mod proxy;
 pub mod redis;
 pub mod topology;

@@ -10,19 +10,13 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusBuilder;
 use shard_directory_client::{metrics::names, DirectoryConfig, EntityKey, Error, Stats};
+use shard_directory_e2e::prometheus::sample;
 use shard_directory_e2e::{eventually, reaches, Topology};
 
 const DEADLINE: Duration = Duration::from_secs(15);
 
 /// One count of `Directory::stats()`.
 type Count = fn(&Stats) -> u64;
-
-/// The value of `series` (a name, with its labels) in the exporter's text.
-fn sample(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("{series} is not in the exporter's text:\n{text}"))
-}
 
 #[tokio::test]
 async fn every_count_and_every_invalidation_path_reaches_the_applications_prometheus_exporter() {

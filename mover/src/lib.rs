@@ -34,7 +34,8 @@
 //!   methods), `verify` (online, then under the freeze only what `tracking` saw change, read from
 //!   `pgoutput` streams), `sequences`, `purge` (the source's rows deleted);
 //! - `status` (who drives a move, what its slot keeps), `reconcile` (rows on a shard the
-//!   directory does not name), `observer` (what a move reports), `error`.
+//!   directory does not name), `observer` (what a move reports) and `telemetry` (the same, as
+//!   metrics), `error`.
 
 mod catalog;
 mod copy;
@@ -51,6 +52,7 @@ mod pgoutput;
 mod phase;
 mod preflight;
 mod privileges;
+mod progress;
 mod purge;
 mod reconcile;
 mod record;
@@ -59,6 +61,7 @@ mod run;
 mod sequences;
 mod side;
 mod status;
+mod telemetry;
 mod tracking;
 mod verify;
 

@@ -30,6 +30,7 @@ use crate::registry::{self, Overrides};
 use crate::run::{stopped, Run};
 use crate::side::{self, Side};
 use crate::status::{self, MoveStatus};
+use crate::telemetry::Metered;
 
 /// Class of the session advisory lock a run holds on its move (`pg_advisory_lock(int, int)`).
 const MOVE_LOCK_CLASS: i32 = 0x5344_4d56;
@@ -51,12 +52,12 @@ impl Mover {
             directory: registry::with_password(directory),
             overrides,
             options,
-            observer: Arc::new(LogObserver),
+            observer: Arc::new(Metered::new(Arc::new(LogObserver))),
         }
     }
 
     pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Mover {
-        self.observer = observer;
+        self.observer = Arc::new(Metered::new(observer));
         self
     }
 

@@ -51,6 +51,12 @@ pub struct TableProgress {
     pub verified: Option<i64>,
     #[serde(default)]
     pub deleted: i64,
+    /// While its rows are being copied or deleted: rows per second so far, and the seconds left
+    /// at that rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows_per_second: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_seconds: Option<i64>,
 }
 
 /// One row of `shard_moves`. Its JSON form (`status --json`) is stable for scripts: times are

@@ -27,6 +27,7 @@ use crate::logical::{self, Trouble};
 use crate::observer::Observer;
 use crate::options::MoveOptions;
 use crate::phase::Phase;
+use crate::progress::Rates;
 use crate::purge;
 use crate::record::{self, Method, MoveRecord};
 use crate::sequences;
@@ -94,6 +95,8 @@ pub(crate) struct Run<'m> {
     untracked: Option<String>,
     /// Freezes this run undid after they ran past `max_freeze`.
     freezes_undone: u32,
+    /// How fast each table's rows are copied or deleted.
+    rates: Rates,
 }
 
 impl<'m> Run<'m> {
@@ -128,6 +131,7 @@ impl<'m> Run<'m> {
             tracking: None,
             untracked: None,
             freezes_undone: 0,
+            rates: Rates::default(),
         }
     }
 
@@ -516,6 +520,8 @@ impl<'m> Run<'m> {
             for (table, ready, copied) in &state.tables {
                 if let Some(p) = self.record.tables.get_mut(table) {
                     p.copied = if *ready { p.rows } else { *copied };
+                    (p.rows_per_second, p.eta_seconds) =
+                        self.rates.update(table, (p.copied, p.rows), Instant::now());
                     self.observer.rows(id, table, p.copied, p.rows);
                 }
             }
@@ -567,6 +573,7 @@ impl<'m> Run<'m> {
             .await
             .at(step, source.as_str())?
         {
+            crate::telemetry::retained_wal(self.record.move_id, retained);
             let limit = self.options.max_slot_lag;
             if lost || retained > limit {
                 return Err(Error::SlotLag {
@@ -1155,7 +1162,7 @@ impl<'m> Run<'m> {
             .await
             .at(Step::DeleteSource, Place::Directory)?;
         let (id, observer) = (self.id(), self.observer.clone());
-        let tables = &mut self.record.tables;
+        let (tables, rates) = (&mut self.record.tables, &mut self.rates);
         purge::delete_rows(
             (&mut self.source.client, &self.source.endpoint.name),
             &self.tables,
@@ -1166,6 +1173,8 @@ impl<'m> Run<'m> {
             |table, deleted| {
                 if let Some(p) = tables.get_mut(table) {
                     p.deleted = deleted as i64;
+                    (p.rows_per_second, p.eta_seconds) =
+                        rates.update(table, (p.deleted, p.rows), Instant::now());
                     observer.rows(id, table, p.deleted, p.rows);
                 }
             },

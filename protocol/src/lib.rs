@@ -10,8 +10,8 @@
 //!   DETAIL holds.
 //! - [`setting`]: the settings a client sets in each transaction it routes, and the names of
 //!   the extension's own.
-//! - [`CHANNEL`] and [`WATCHER_APPLICATION_NAME`] (`name`): the notification channel and the
-//!   watcher's `application_name`.
+//! - [`CHANNEL`], [`MOVES_CHANNEL`] and [`WATCHER_APPLICATION_NAME`] (`name`): the notification
+//!   channels (versions, moves' phases) and the watcher's `application_name`.
 //!
 //! No dependencies; feature `serde` derives `Serialize` and `Deserialize`.
 
@@ -24,5 +24,5 @@ pub mod setting;
 mod state;
 
 pub use entity::EntityKey;
-pub use name::{Name, CHANNEL, WATCHER_APPLICATION_NAME};
+pub use name::{Name, CHANNEL, MOVES_CHANNEL, WATCHER_APPLICATION_NAME};
 pub use state::{State, UnknownState};

@@ -34,6 +34,11 @@ impl fmt::Display for Name {
     }
 }
 
+/// The channel the directory notifies each move's new phase on, as a move's record enters it:
+/// a JSON object with `move_id`, `entity_type`, `entity_id`, `source_shard`, `target_shard` and
+/// `phase`, delivered when the transaction that wrote the phase commits.
+pub const MOVES_CHANNEL: Name = Name::new(c"shard_directory_moves");
+
 /// The channel the directory notifies each new version on (`pg_notify(CHANNEL, version)`), and
 /// that watchers `LISTEN` to. The payload is the version, as text.
 pub const CHANNEL: Name = Name::new(c"shard_directory");

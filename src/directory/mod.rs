@@ -8,6 +8,7 @@
 //!   - `version`: one version per changing statement, taken at commit, notified; `latest`
 //!     keeps the newest version and where the version row is in shared memory;
 //!   - `history`: one row per change (and `placement_at`, `purge_history`).
+//! - `notify`: notifications (each version; each move's phase).
 //! - `row`: an entry read out of a trigger's tuple.
 //! - `heap`: the bookkeeping rows written and read without SQL; `columns`: the type each column
 //!   is read and written raw as; `writer`: which of the extension's own writes is running.
@@ -21,6 +22,7 @@ mod heap;
 mod history;
 pub(crate) mod latest;
 mod moves;
+mod notify;
 pub(crate) mod placement;
 mod registry;
 mod replica;

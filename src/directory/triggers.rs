@@ -1,5 +1,5 @@
 //! The native triggers on the directory's tables. Each one is thin: the rules are in
-//! `transition`, the version in `statement`, history in `history`. Each refuses to run on any
+//! `transition`, the version in `version`, history in `history`. Each refuses to run on any
 //! table but its own.
 
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -11,7 +11,7 @@ use pgrx::prelude::*;
 use super::row::{self, Entry};
 use super::transition::{self, Transition};
 use super::writer::{self, Writer};
-use super::{heap, history, registry, replica, version};
+use super::{heap, history, notify, registry, replica, version};
 use crate::error::{spi, SdError};
 use crate::{catalog, guc, privilege, TriggerResult};
 
@@ -206,6 +206,32 @@ fn shard_directory_record_history<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResu
 fn notify_directory_change<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
     own_table(trigger, "notify_directory_change", c"shard_directory");
     version::end();
+    Ok(None)
+}
+
+/// AFTER INSERT OR UPDATE OF phase on `shard_moves`: each move's new phase to the listeners of
+/// `shard_directory_moves`, at commit, so tools follow moves without polling.
+#[pg_trigger]
+fn shard_moves_notify<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResult<'a> {
+    own_table(trigger, "shard_moves_notify", c"shard_moves");
+    let new = trigger.new().expect("fired for INSERT or UPDATE");
+    let text = |row: &PgHeapTuple<'_, AllocatedByPostgres>, column: &str| -> String {
+        spi("read a move", row.get_by_name::<String>(column)).unwrap_or_default()
+    };
+    let phase = text(&new, "phase");
+    if trigger
+        .old()
+        .is_some_and(|old| text(&old, "phase") == phase)
+    {
+        return Ok(None);
+    }
+    let move_id = spi("read a move", new.get_by_name::<i64>("move_id")).unwrap_or_default();
+    notify::move_phase(
+        move_id,
+        (&text(&new, "entity_type"), &text(&new, "entity_id")),
+        (&text(&new, "source_shard"), &text(&new, "target_shard")),
+        &phase,
+    );
     Ok(None)
 }
 

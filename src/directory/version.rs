@@ -404,22 +404,9 @@ pub fn raise_to(version: i64, at: Option<TimestampWithTimeZone>) {
     });
 }
 
-unsafe extern "C-unwind" {
-    /// PostgreSQL's own `NOTIFY` (what `pg_notify()` calls); pgrx has no binding for it.
-    fn Async_Notify(channel: *const std::ffi::c_char, payload: *const std::ffi::c_char);
-}
-
-/// Queues the notification, delivered at commit only. Called directly, not through SQL, which
-/// would cost an executor run per changing statement.
+/// Queues the notification of `version`, delivered at commit only.
 fn notify(version: i64) {
-    let payload = std::ffi::CString::new(version.to_string()).expect("digits have no NUL");
-    // SAFETY: both strings live across the call; an ERROR (none is expected for this channel
-    // and payload) is turned into a Rust panic by the guard.
-    unsafe {
-        pg_sys::ffi::pg_guard_ffi_boundary(|| {
-            Async_Notify(CHANNEL.as_c_str().as_ptr(), payload.as_ptr())
-        })
-    }
+    super::notify::send(CHANNEL, &version.to_string());
 }
 
 /// Called by `crate::xact` when a subtransaction commits: its frames, and the bumps it made for

@@ -536,6 +536,57 @@ async fn move_seeded_a(t: &Topology, max_freeze: Duration, act: Arc<ActAt>) -> M
     record
 }
 
+/// Each phase a move's record enters is notified on `shard_directory_moves` as it commits, in
+/// order, so a tool can follow moves without polling.
+#[tokio::test]
+async fn each_phase_of_a_move_is_notified_as_it_commits() {
+    let t = Topology::with_shards("movenotify", 2).await;
+    t.add_tenant("a", "shard_1").await;
+    seed(&t, "shard_1", "a", 3).await;
+    let mut listener = t.directory.connect_listening("directory").await;
+    listener
+        .client
+        .batch_execute("LISTEN shard_directory_moves")
+        .await
+        .unwrap();
+    let record = t
+        .mover(options(MethodChoice::Logical))
+        .start(&tenant("a"), "shard_2")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut phases = Vec::new();
+    while phases.last().map(String::as_str) != Some("done") {
+        let n = tokio::time::timeout(DEADLINE, listener.notifications.recv())
+            .await
+            .expect("a notification per phase")
+            .unwrap();
+        let payload: serde_json::Value = serde_json::from_str(n.payload()).unwrap();
+        assert_eq!(
+            (
+                payload["move_id"].as_i64(),
+                payload["entity_type"].as_str(),
+                payload["entity_id"].as_str(),
+                payload["source_shard"].as_str(),
+                payload["target_shard"].as_str(),
+            ),
+            (
+                Some(record.move_id),
+                Some("tenant"),
+                Some("a"),
+                Some("shard_1"),
+                Some("shard_2")
+            )
+        );
+        phases.push(payload["phase"].as_str().unwrap().to_owned());
+    }
+    let expected: Vec<&str> = Method::Logical
+        .phases()
+        .iter()
+        .map(|p| p.as_str())
+        .collect();
+    assert_eq!(phases, expected);
+}
+
 /// A freeze that runs out is undone with the copy kept (the same subscription goes on), the
 /// tenant writable meanwhile, and the next freeze completes the move.
 #[tokio::test]

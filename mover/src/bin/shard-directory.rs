@@ -67,6 +67,10 @@ struct Tuning {
     /// Print the result as JSON on stdout (move, resume, abort, purge-source).
     #[arg(long, global = true)]
     json: bool,
+    /// Serve the moves' metrics (phases, freezes, rows, lag, retained WAL) as Prometheus text
+    /// at http://ADDR/metrics while the command runs.
+    #[arg(long, value_name = "ADDR", global = true)]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 fn parse_bytes(s: &str) -> Result<i64, String> {
@@ -243,9 +247,11 @@ impl Observer for Progress {
         let bar = tables.entry(table.to_owned()).or_insert_with(|| {
             let bar = bars.add(ProgressBar::new(total.max(0) as u64));
             bar.set_style(
-                ProgressStyle::with_template("{prefix:>24} [{bar:30}] {pos}/{len} rows")
-                    .expect("a valid template")
-                    .progress_chars("=> "),
+                ProgressStyle::with_template(
+                    "{prefix:>24} [{bar:30}] {pos}/{len} rows, {per_sec}, eta {eta}",
+                )
+                .expect("a valid template")
+                .progress_chars("=> "),
             );
             bar.set_prefix(table.to_owned());
             bar
@@ -291,6 +297,11 @@ fn summary(r: &MoveRecord) -> String {
             p.verified.map_or("-".to_owned(), |v| v.to_string()),
             p.deleted
         ));
+        if let (Some(rate), Some(eta), false) =
+            (p.rows_per_second, p.eta_seconds, r.phase.is_finished())
+        {
+            s.push_str(&format!(" ({rate} rows/s, {eta} s left)"));
+        }
     }
     if let Some(e) = &r.last_error {
         s.push_str(&format!("\n  last error: {e}"));
@@ -462,6 +473,12 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
         None => Overrides::default(),
     };
     let tuning = &cli.tuning;
+    if let Some(addr) = tuning.metrics_addr {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install()
+            .map_err(|e| Outcome::Usage(format!("--metrics-addr {addr}: {e}")))?;
+    }
     let mut options = MoveOptions {
         sync_timeout: tuning.sync_timeout,
         delete_batch: tuning.delete_batch,
