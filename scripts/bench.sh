@@ -3,6 +3,7 @@
 #   check      the shard-side check under pgbench: no check vs the guide's PL/pgSQL vs native
 #   move       a 100k-row tenant moved by logical vs copy, and the copy against a plain COPY
 #   freeze     a logical move's freeze by tenant size (100k, 1M, 10M rows): online check on vs off
+#   throttle   another tenant's write latency on the source: no move vs a move vs a paced move
 #   directory  one entry's UPDATE: plain table vs the guide's PL/pgSQL trigger vs the extension
 #   churn      cache hit rate while tenants are inserted: invalidation by entity vs full flush
 #   lookup     a cache hit against a Mutex<HashMap> of the same entries
@@ -14,7 +15,7 @@
 # bench/results/results.md, and `fanout` its samples and a chart (bench/results/fanout.{csv,svg});
 # --quick writes under bench/results/quick/ instead.
 # Settings: BENCH_SECONDS, BENCH_ROUNDS (check, directory; BENCH_SECONDS also churn), BENCH_CLIENTS
-# (check), BENCH_MOVES (move, freeze), BENCH_SIZES (freeze), BENCH_ENTRIES (churn; lookup: sizes, comma-separated),
+# (check), BENCH_MOVES (move, freeze), BENCH_SIZES (freeze), BENCH_ROWS and BENCH_MAX_RATE (throttle), BENCH_ENTRIES (churn; lookup: sizes, comma-separated),
 # BENCH_INSERTS (churn), BENCH_INSTANCES and BENCH_CHANGES (fanout), BENCH_TRIALS (recovery).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,7 +43,7 @@ mkdir -p "bench/$BENCH_RESULTS"
   echo "Command: bash scripts/bench.sh $( [ "$BENCH_RESULTS" = results/quick ] && echo '--quick ')${*:-}"
   echo
 } > "$results"
-for bench in ${@:-check move freeze directory churn lookup fanout poll recovery}; do
+for bench in ${@:-check move freeze throttle directory churn lookup fanout poll recovery}; do
   echo "## $bench" >> "$results"
   echo >> "$results"
   "target/release/bench_$bench" | tee -a "$results"

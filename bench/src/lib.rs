@@ -4,12 +4,13 @@
 //!
 //! - `pgbench`: a pgbench run, its TPS, rounds interleaved and paired;
 //! - `chart`: SVG charts of distributions;
-//! - a benchmark's settings from the environment, its directory, where its results go.
+//! - a benchmark's settings from the environment, its directory, a tenant of a given size,
+//!   where its results go.
 
 pub mod chart;
 pub mod pgbench;
 
-use shard_directory_e2e::Cluster;
+use shard_directory_e2e::{Cluster, Topology};
 
 /// A benchmark's directory: a throwaway cluster with the library preloaded (as docs/shard.md recommends
 /// for a directory) and `settings`, database `bench` with the extension and one shard
@@ -29,6 +30,24 @@ pub async fn bench_directory(
         .await
         .expect("register shard_1");
     (cluster, dba)
+}
+
+/// A tenant `id` of `rows` rows on shard_1 (half orders, half their lines), written with the
+/// triggers off, and the tables analyzed.
+pub async fn seed_tenant(t: &Topology, id: &str, rows: usize) {
+    t.add_tenant(id, "shard_1").await;
+    t.shard("shard_1")
+        .await
+        .batch_execute(&format!(
+            "BEGIN; SET LOCAL session_replication_role = replica;
+             INSERT INTO orders (tenant_id, item) SELECT '{id}', 'order ' || g FROM generate_series(1, {orders}) g;
+             INSERT INTO order_lines (tenant_id, order_id, line_no, product)
+             SELECT tenant_id, order_id, 1, item FROM orders WHERE tenant_id = '{id}';
+             COMMIT; ANALYZE orders; ANALYZE order_lines",
+            orders = rows / 2
+        ))
+        .await
+        .expect("seed the tenant");
 }
 
 /// A benchmark's setting from the environment variable `name`, or `default` when it is unset;

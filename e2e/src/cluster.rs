@@ -227,9 +227,13 @@ impl Cluster {
             .args(["-X", "stream", "-R", "--no-sync", "-c", "fast", "-D"])
             .arg(root.join("data"));
         run(backup, "pg_basebackup");
+        // Its replay position reaches the primary within a second (pg_stat_replication).
         append_conf(
             &root,
-            &format!("unix_socket_directories = '{}'\n", root.display()),
+            &format!(
+                "unix_socket_directories = '{}'\nwal_receiver_status_interval = 1\n",
+                root.display()
+            ),
         );
         start_on_a_free_port(name, root)
     }

@@ -32,7 +32,7 @@
 //! - `run` (one process driving one move, phase by phase): `record` (`shard_moves`), `phase`,
 //!   `entry` (the directory entry), `side` (one shard), `fence`, `logical` and `copy` (the two
 //!   methods), `verify` (online, then under the freeze only what `tracking` saw change, read from
-//!   `pgoutput` streams), `sequences`, `purge` (the source's rows deleted);
+//!   `pgoutput` streams), `sequences`, `purge` (the source's rows deleted, paced by `throttle`);
 //! - `status` (who drives a move, what its slot keeps), `reconcile` (rows on a shard the
 //!   directory does not name), `observer` (what a move reports) and `telemetry` (the same, as
 //!   metrics), `error`.
@@ -62,6 +62,7 @@ mod sequences;
 mod side;
 mod status;
 mod telemetry;
+mod throttle;
 mod tracking;
 mod verify;
 

@@ -407,7 +407,7 @@ impl Mover {
             &tables,
             &key,
             version,
-            self.options.delete_batch,
+            &mut self.options.throttle(),
             Step::DeleteSource,
             |table, deleted| {
                 if let Some(p) = progress.get_mut(table) {

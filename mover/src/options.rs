@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::throttle::Throttle;
+
 /// Which method to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MethodChoice {
@@ -32,6 +34,12 @@ pub struct MoveOptions {
     pub sync_timeout: Duration,
     /// Rows deleted per transaction when clearing a shard of the entity's rows.
     pub delete_batch: i64,
+    /// At most this many rows deleted a second when clearing a shard of the entity's rows (the
+    /// source's after the cutover, the target's on an abort).
+    pub max_rate: Option<u64>,
+    /// While the shard's standbys are more than this many bytes behind in replay, that delete
+    /// waits (their positions are visible with `pg_read_all_stats`).
+    pub max_lag: Option<i64>,
     /// Tables (`schema.table`) with a column named like the entity's key column that does not
     /// hold entity ids: preflight otherwise refuses a table it cannot tell from an unprotected
     /// table of the entity.
@@ -50,6 +58,13 @@ pub struct MoveOptions {
     pub lease_grace: Duration,
 }
 
+impl MoveOptions {
+    /// How a shard is cleared of the entity's rows.
+    pub(crate) fn throttle(&self) -> Throttle {
+        Throttle::new(self.delete_batch, self.max_rate, self.max_lag)
+    }
+}
+
 impl Default for MoveOptions {
     fn default() -> Self {
         MoveOptions {
@@ -60,6 +75,8 @@ impl Default for MoveOptions {
             keep_source: false,
             sync_timeout: Duration::from_secs(30 * 60),
             delete_batch: 10_000,
+            max_rate: None,
+            max_lag: None,
             unrelated_tables: Vec::new(),
             fence_patience: Duration::from_secs(60),
             max_slot_lag: 1 << 30,

@@ -16,15 +16,17 @@ use crate::catalog::EntityTable;
 use crate::error::{At, Error, Place, Step};
 use crate::fence;
 use crate::integrity;
+use crate::throttle::Throttle;
 
-/// Deletes every row of the entity in `tables` (given parents first), `batch` rows per
-/// transaction where that is safe; calls `deleted(table, rows so far)` after each transaction.
+/// Deletes every row of the entity in `tables` (given parents first), `throttle.batch` rows per
+/// transaction where that is safe, paced by `throttle`; calls `deleted(table, rows so far)` after
+/// each transaction.
 pub(crate) async fn delete_rows(
     (client, shard): (&mut Client, &str),
     tables: &[EntityTable],
     key: &EntityKey,
     version: i64,
-    batch: i64,
+    throttle: &mut Throttle,
     step: Step,
     mut deleted: impl FnMut(&str, u64),
 ) -> Result<(), Error> {
@@ -66,6 +68,7 @@ pub(crate) async fn delete_rows(
                 .at(step, at())?;
             tx.commit().await.at(step, at())?;
             deleted(&t.name, n);
+            throttle.after(client, n).await.at(step, at())?;
             continue;
         }
         // The predicate is repeated outside the ctid list: on a partitioned table a ctid names a
@@ -80,7 +83,7 @@ pub(crate) async fn delete_rows(
             let tx = client.transaction().await.at(step, at())?;
             fence::bypass(&tx, key, version).await.at(step, at())?;
             let n = tx
-                .execute(&sql, &[&key.entity_id, &batch])
+                .execute(&sql, &[&key.entity_id, &throttle.batch])
                 .await
                 .at(step, at())?;
             tx.commit().await.at(step, at())?;
@@ -89,6 +92,7 @@ pub(crate) async fn delete_rows(
             }
             total += n;
             deleted(&t.name, total);
+            throttle.after(client, n).await.at(step, at())?;
         }
     }
     Ok(())

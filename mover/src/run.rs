@@ -1168,7 +1168,7 @@ impl<'m> Run<'m> {
             &self.tables,
             &self.key,
             version,
-            self.options.delete_batch,
+            &mut self.options.throttle(),
             Step::DeleteSource,
             |table, deleted| {
                 if let Some(p) = tables.get_mut(table) {
@@ -1215,7 +1215,7 @@ impl<'m> Run<'m> {
             &self.tables,
             &self.key,
             version,
-            self.options.delete_batch,
+            &mut self.options.throttle(),
             Step::Abort,
             |_, _| {},
         )

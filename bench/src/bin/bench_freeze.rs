@@ -22,23 +22,6 @@ fn ms(d: Duration) -> String {
     format!("{:.0} ms", d.as_secs_f64() * 1000.0)
 }
 
-/// Seeds tenant `id` on shard_1 with `rows` rows (half orders, half lines), triggers off.
-async fn seed(t: &Topology, id: &str, rows: usize) {
-    t.add_tenant(id, "shard_1").await;
-    t.shard("shard_1")
-        .await
-        .batch_execute(&format!(
-            "BEGIN; SET LOCAL session_replication_role = replica;
-             INSERT INTO orders (tenant_id, item) SELECT '{id}', 'order ' || g FROM generate_series(1, {orders}) g;
-             INSERT INTO order_lines (tenant_id, order_id, line_no, product)
-             SELECT tenant_id, order_id, 1, item FROM orders WHERE tenant_id = '{id}';
-             COMMIT; ANALYZE orders; ANALYZE order_lines",
-            orders = rows / 2
-        ))
-        .await
-        .unwrap();
-}
-
 /// Moves `id` back and forth `2 * moves` times, the online check on and off in turn, while a
 /// writer adds orders for it: the freezes and total times with the check on, then off.
 async fn measure(t: &Topology, id: &str, moves: usize) -> [(Vec<Duration>, Vec<Duration>); 2] {
@@ -111,7 +94,7 @@ async fn main() {
     for &size in &sizes {
         let id = format!("t{size}");
         let started = Instant::now();
-        seed(&t, &id, size).await;
+        shard_directory_bench::seed_tenant(&t, &id, size).await;
         println!(
             "tenant {id}: {size} rows, seeded in {:?}",
             started.elapsed()

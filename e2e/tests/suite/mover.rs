@@ -4,7 +4,9 @@
 //! what finished moves left behind.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
 
 use shard_directory_client::{EntityKey, Router, State};
 use shard_directory_e2e::observe::{self, act_at, ActAt, At};
@@ -585,6 +587,92 @@ async fn each_phase_of_a_move_is_notified_as_it_commits() {
         .map(|p| p.as_str())
         .collect();
     assert_eq!(phases, expected);
+}
+
+/// The time from the move entering `cleaning_up` (the source's delete) to its end.
+async fn cleaning_up_time(
+    t: &Topology,
+    options: MoveOptions,
+    from: &str,
+    to: &str,
+    act: impl Fn() -> BoxFuture<'static, ()> + Send + Sync + 'static,
+) -> Duration {
+    let began = Arc::new(Mutex::new(None));
+    let observer = act_at(Phase::CleaningUp, {
+        let began = began.clone();
+        move || {
+            *began.lock().unwrap() = Some(Instant::now());
+            act()
+        }
+    });
+    let record = t
+        .mover(options)
+        .with_observer(observer)
+        .start(&tenant("a"), to)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (record.source_shard.as_str(), record.phase),
+        (from, Phase::Done)
+    );
+    assert_eq!(t.rows(from, "a").await, (0, 0));
+    let began = began.lock().unwrap().expect("cleaned up");
+    began.elapsed()
+}
+
+/// The source's delete keeps to `--max-rate` rows a second, and waits while the source's standby
+/// is more than `--max-lag` behind in replay.
+#[tokio::test]
+async fn the_source_delete_keeps_to_max_rate_and_waits_for_a_lagging_standby() {
+    let t = Topology::with_shards("throttle", 2).await;
+    t.add_tenant("a", "shard_1").await;
+    seed(&t, "shard_1", "a", 10).await;
+    // 30 rows in batches of 5 at 20 rows a second: the last batch is due 1.5 s after the first
+    let paced = MoveOptions {
+        delete_batch: 5,
+        max_rate: Some(20),
+        ..options(MethodChoice::Logical)
+    };
+    let took = cleaning_up_time(&t, paced, "shard_1", "shard_2", || Box::pin(async {})).await;
+    assert!(took >= Duration::from_millis(1400), "{took:?}");
+
+    // Back, from shard_2, whose standby stops replaying when the delete begins (2 MB behind,
+    // over --max-lag 1 MB) and goes on a second later.
+    let standby = t.shard_cluster("shard_2").standby("throttle-standby");
+    let replica = Arc::new(standby.connect("app").await);
+    let resumed = Arc::new(Mutex::new(None));
+    let writer = Arc::new(t.shard("shard_2").await);
+    let lagging = MoveOptions {
+        max_lag: Some(1 << 20),
+        ..options(MethodChoice::Logical)
+    };
+    let took = cleaning_up_time(&t, lagging, "shard_2", "shard_1", {
+        let (replica, resumed, writer) = (replica.clone(), resumed.clone(), writer.clone());
+        move || {
+            let (replica, resumed, writer) = (replica.clone(), resumed.clone(), writer.clone());
+            Box::pin(async move {
+                replica.batch_execute("SELECT pg_wal_replay_pause()").await.unwrap();
+                // 2 MB of WAL the standby has not replayed
+                writer
+                    .batch_execute(
+                        "CREATE TABLE junk AS SELECT repeat('x', 1000) FROM generate_series(1, 2000)",
+                    )
+                    .await
+                    .unwrap();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    *resumed.lock().unwrap() = Some(Instant::now());
+                    replica.batch_execute("SELECT pg_wal_replay_resume()").await.unwrap();
+                });
+            })
+        }
+    })
+    .await;
+    let resumed = resumed.lock().unwrap().expect("replay resumed");
+    assert!(
+        took >= Duration::from_secs(1) && resumed.elapsed() < took,
+        "{took:?}"
+    );
 }
 
 /// A freeze that runs out is undone with the copy kept (the same subscription goes on), the

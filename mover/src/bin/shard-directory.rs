@@ -61,6 +61,14 @@ struct Tuning {
     /// move is undone.
     #[arg(long, value_parser = parse_bytes, default_value = "1GB", global = true)]
     max_slot_lag: i64,
+    /// At most this many rows deleted a second when a move clears a shard of its entity's rows
+    /// (the source's after the cutover; the target's on an abort).
+    #[arg(long, value_name = "ROWS", global = true)]
+    max_rate: Option<u64>,
+    /// While the shard's standbys replay more than this far behind (e.g. 64MB), that delete
+    /// waits. Needs pg_read_all_stats to see their positions.
+    #[arg(long, value_parser = parse_bytes, value_name = "BYTES", global = true)]
+    max_lag: Option<i64>,
     /// How much longer than --max-freeze a freeze holds when no mover ends it.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s", global = true)]
     lease_grace: Duration,
@@ -482,6 +490,8 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
     let mut options = MoveOptions {
         sync_timeout: tuning.sync_timeout,
         delete_batch: tuning.delete_batch,
+        max_rate: tuning.max_rate,
+        max_lag: tuning.max_lag,
         fence_patience: tuning.fence_wait,
         max_slot_lag: tuning.max_slot_lag,
         lease_grace: tuning.lease_grace,
