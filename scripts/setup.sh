@@ -3,7 +3,8 @@
 # Installs: PostgreSQL 15 server and headers, clang (bindgen), sudo (cargo pgrx test --runas),
 # redis-server (the client's shared-cache tests), pgbouncer (the client through a transaction-mode
 # pooler), pkg-config, libssl-dev and openssl (the client's feature native-tls and its test
-# certificates), fonts-dejavu-core (the benchmarks' SVG charts), curl (the demo reads each instance's
+# certificates), fonts-dejavu-core (the benchmarks' SVG charts), valgrind (the benchmarks' instruction
+# counts), curl (the demo reads each instance's
 # /debug/directory as the guide does), cargo-pgrx 0.18.1, and points pgrx
 # at the system PostgreSQL 15.
 set -euo pipefail
@@ -11,7 +12,7 @@ set -euo pipefail
 PGRX_VERSION=0.18.1
 PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 PACKAGES=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo redis-server pgbouncer
-  pkg-config libssl-dev openssl fonts-dejavu-core curl)
+  pkg-config libssl-dev openssl fonts-dejavu-core valgrind curl)
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 

@@ -256,6 +256,20 @@ VOLATILE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'advance_sequence_wrapper';
 
+-- Each entity's checked transactions over a window, busiest first (src/shard/load.rs).
+CREATE FUNCTION "entity_stats"(
+	"top" INT DEFAULT 20
+) RETURNS TABLE (
+	"entity_type" TEXT,
+	"entity_id" TEXT,
+	"transactions" bigint,
+	"per_second" double precision,
+	"since" timestamp with time zone
+)
+STRICT VOLATILE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'entity_stats_wrapper';
+
 -- Who may run what (sql/privileges.sql).
 REVOKE EXECUTE ON FUNCTION
     shard_directory_statement_begin(),

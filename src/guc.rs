@@ -15,6 +15,12 @@ pub static ALLOW_REPOINT: GucSetting<bool> = GucSetting::<bool>::new(false);
 /// for the checked transactions in flight (new checked transactions queue behind it meanwhile).
 pub static FENCE_WAIT_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(2000);
 
+/// `shard_directory.entity_stats`: count each entity's checked transactions (`entity_stats()`).
+pub static ENTITY_STATS: GucSetting<bool> = GucSetting::<bool>::new(true);
+
+/// `shard_directory.entity_stats_window`: the window `entity_stats()` counts over, in seconds.
+pub static ENTITY_STATS_WINDOW: GucSetting<i32> = GucSetting::<i32>::new(300);
+
 /// The client's declaration for its transaction: `app.directory_version`, `app.entity_type`,
 /// `app.entity_id` (the first is the guide's setting; the entity's follow its naming). Defined here rather than left as placeholders so that a
 /// check reads them from these variables instead of searching the settings by name three times
@@ -73,6 +79,25 @@ pub fn init() {
         600_000,
         GucContext::Userset,
         GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_bool_guc(
+        setting::ENTITY_STATS.as_c_str(),
+        c"Count each entity's checked transactions, for shard_directory.entity_stats().",
+        c"One comparison per check, and a short exclusive section once per transaction and entity.",
+        &ENTITY_STATS,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        setting::ENTITY_STATS_WINDOW.as_c_str(),
+        c"The window shard_directory.entity_stats() counts over.",
+        c"The counts turn over a whole window at a time; entity_stats() shows the current window \
+          and the one before it.",
+        &ENTITY_STATS_WINDOW,
+        1,
+        86_400,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
     );
 }
 

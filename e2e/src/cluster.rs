@@ -466,6 +466,35 @@ impl Cluster {
         self.root.join(name)
     }
 
+    /// The server itself, single-user (`postgres --single`), on this cluster's data directory
+    /// and `db`, run under `wrapper` (`valgrind --tool=callgrind ...`, say) when given. The
+    /// cluster must be stopped; statements go to its stdin, one per line.
+    pub fn single_user(&self, db: &str, wrapper: &[&str]) -> Command {
+        let postgres = bindir().join("postgres");
+        let mut c = match (is_root(), wrapper.split_first()) {
+            (true, _) => {
+                let mut c = Command::new("runuser");
+                c.args(["-u", "postgres", "--"])
+                    .args(wrapper)
+                    .arg(&postgres);
+                c
+            }
+            (false, Some((program, args))) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(&postgres);
+                c
+            }
+            (false, None) => Command::new(&postgres),
+        };
+        c.arg("--single")
+            .arg("-D")
+            .arg(self.root.join("data"))
+            .arg(db)
+            .env_remove("RUST_BACKTRACE")
+            .env_remove("RUST_LIB_BACKTRACE");
+        c
+    }
+
     /// The server log, for diagnosing a failure.
     pub fn server_log(&self) -> String {
         fs::read_to_string(self.root.join("server.log")).unwrap_or_default()

@@ -20,3 +20,9 @@ pub const ALLOW_REPOINT: Name = Name::new(c"shard_directory.allow_repoint");
 /// How long a fence change waits for the shard's checked transactions in flight, in
 /// milliseconds (shard).
 pub const FENCE_WAIT_TIMEOUT: Name = Name::new(c"shard_directory.fence_wait_timeout");
+
+/// Whether the shard counts each entity's checked transactions for `entity_stats()` (shard).
+pub const ENTITY_STATS: Name = Name::new(c"shard_directory.entity_stats");
+
+/// The window `entity_stats()` counts over, in seconds (shard).
+pub const ENTITY_STATS_WINDOW: Name = Name::new(c"shard_directory.entity_stats_window");

@@ -9,6 +9,7 @@ use pgrx::prelude::*;
 use super::bypass;
 use super::cached::{self, Fence};
 use super::key::{self, KeyColumn};
+use super::load;
 use super::locks;
 use super::stats::{self, Counter};
 use crate::catalog;
@@ -92,6 +93,7 @@ fn check_request(access: Access) {
     if let Some(key) = request.entity {
         cached::require_canonical_declared(key);
         check_entity(key, request.version, access);
+        load::count(key);
     }
 }
 
@@ -252,6 +254,7 @@ pub fn shard_directory_protect_row<'a>(trigger: &'a PgTrigger<'a>) -> TriggerRes
         };
         if !bypass::passes(key) {
             check_entity(key, request.version, Access::Write);
+            load::count(key);
         }
     }
     Ok(None)

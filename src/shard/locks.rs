@@ -28,7 +28,7 @@ thread_local! {
         const { Cell::new((pg_sys::InvalidLocalTransactionId, pg_sys::InvalidOid)) };
 }
 
-fn local_transaction() -> pg_sys::LocalTransactionId {
+pub(crate) fn local_transaction() -> pg_sys::LocalTransactionId {
     unsafe { (*pg_sys::MyProc).lxid }
 }
 

@@ -5,13 +5,15 @@
 //! gap between a check and a fence; `cached` caches `min_accepted` and fences per backend, kept
 //! exactly as fresh as a query would be; `fences` and `protect` are the DBA's functions;
 //! `bypass` is the mover's one way through a fence; `sequences` advances a target's sequence
-//! past the source's, never backwards; `stats` counts rejections.
+//! past the source's, never backwards; `stats` counts rejections; `load` counts each entity's
+//! checked transactions (`entity_stats()`).
 
 pub(crate) mod bypass;
 mod cached;
 pub(crate) mod check;
 pub(crate) mod fences;
 mod key;
+mod load;
 pub(crate) mod locks;
 mod protect;
 mod sequences;
@@ -20,4 +22,5 @@ pub mod stats;
 pub fn init() {
     cached::init();
     stats::init();
+    load::init();
 }

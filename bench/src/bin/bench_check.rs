@@ -2,7 +2,8 @@
 //! same loop without the check); then per transaction under pgbench: no check, the guide's
 //! PL/pgSQL function and the native `assert_directory_version()` (without and with an entity) on
 //! the same cluster, in interleaved rounds, median TPS of each; last, a one-row INSERT into a
-//! table `protect` guards against the same INSERT into one it does not.
+//! table `protect` guards against the same INSERT into one it does not; and the counting behind
+//! `entity_stats()`, on against off, per checked transaction.
 //!
 //! Run with `bash scripts/bench.sh` (installs a release build first).
 
@@ -15,17 +16,19 @@ const VARIANTS: [&str; 4] = ["none", "plpgsql", "native", "native_entity"];
 /// the first call, the transaction-level locks are already held, so this is the steady cost).
 async fn per_call(c: &tokio_postgres::Client) {
     const CALLS: i64 = 200_000;
-    let timed = async |call: &str, entity: bool| {
+    let timed = async |call: &str, entity: bool, counting: bool| {
         let sql = format!("SELECT count({call}) FROM generate_series(1, $1::int8) g");
         let settings = if entity {
             "set_config('app.entity_type', 'tenant', true), set_config('app.entity_id', '7', true)"
         } else {
             "1"
         };
+        let counting = if counting { "on" } else { "off" };
         let mut best = f64::MAX;
         for _ in 0..5 {
             c.batch_execute(&format!(
-                "BEGIN; SELECT set_config('app.directory_version', '42', true), {settings}"
+                "BEGIN; SET LOCAL shard_directory.entity_stats = {counting};
+                 SELECT set_config('app.directory_version', '42', true), {settings}"
             ))
             .await
             .unwrap();
@@ -36,27 +39,22 @@ async fn per_call(c: &tokio_postgres::Client) {
         }
         best
     };
-    let base = timed("g", true).await;
+    let base = timed("g", true, true).await;
     println!("per call, best of 5 loops of {CALLS} calls in one backend:");
-    for (name, call, entity) in [
+    let native = "shard_directory.assert_directory_version()";
+    for (name, call, entity, counting) in [
         (
             "plpgsql (guide)",
             "public.guide_assert_directory_version()",
             true,
-        ),
-        (
-            "native",
-            "shard_directory.assert_directory_version()",
-            false,
-        ),
-        (
-            "native + entity",
-            "shard_directory.assert_directory_version()",
             true,
         ),
+        ("native", native, false, true),
+        ("native + entity", native, true, true),
+        ("native + entity, entity_stats off", native, true, false),
     ] {
-        let t = timed(call, entity).await;
-        println!("  {name:<16} {:>7.3} us", (t - base) / CALLS as f64 * 1e6);
+        let t = timed(call, entity, counting).await;
+        println!("  {name:<34} {:>7.3} us", (t - base) / CALLS as f64 * 1e6);
     }
 }
 
@@ -103,6 +101,77 @@ async fn per_insert(c: &tokio_postgres::Client) {
     );
 }
 
+/// The counting behind `entity_stats()`, on against off, per checked transaction, in instructions
+/// (callgrind), which wall-clock loops on this machine cannot resolve to 2%: a single-user backend
+/// on a stopped copy of the cluster runs a procedure of `TXNS` transactions (the three settings,
+/// the check, COMMIT), minus the same backend running none; the same entity throughout, then a
+/// new one each transaction among 5,000 (five times what the table holds, so most are newcomers).
+async fn per_counted_transaction() {
+    const TXNS: i32 = 20_000;
+    let cluster = Cluster::start(
+        "bench-load",
+        &[("shared_preload_libraries", "shard_directory")],
+    );
+    cluster.create_database_with_extension("bench").await;
+    cluster
+        .connect("bench")
+        .await
+        .batch_execute(
+            "SELECT shard_directory.raise_min_accepted(40);
+             CREATE PROCEDURE bench_checks(n int, entities int) LANGUAGE plpgsql AS $$
+             BEGIN
+               FOR i IN 1..n LOOP
+                 PERFORM set_config('app.directory_version', '42', true),
+                         set_config('app.entity_type', 'tenant', true),
+                         set_config('app.entity_id', (i % entities)::text, true);
+                 PERFORM shard_directory.assert_directory_version();
+                 COMMIT;
+               END LOOP;
+             END $$",
+        )
+        .await
+        .unwrap();
+    cluster.stop();
+    let out = cluster.scratch_path("callgrind.out");
+    let out_file = format!("--callgrind-out-file={}", out.display());
+    let instructions = |counting: &str, txns: i32, entities: i32| -> f64 {
+        let mut backend =
+            cluster.single_user("bench", &["valgrind", "--tool=callgrind", &out_file]);
+        backend
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        let mut child = backend
+            .spawn()
+            .expect("valgrind (bash scripts/setup.sh installs it)");
+        let input = format!(
+            "SET shard_directory.entity_stats = {counting}\nCALL bench_checks({txns}, {entities})\n"
+        );
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), input.as_bytes()).unwrap();
+        let done = child.wait_with_output().unwrap();
+        let log = String::from_utf8_lossy(&done.stderr);
+        assert!(!log.contains("ERROR"), "{log}");
+        let collected = log
+            .lines()
+            .find_map(|l| l.split("Collected : ").nth(1))
+            .unwrap_or_else(|| panic!("no callgrind total in:\n{log}"));
+        collected.trim().parse().unwrap()
+    };
+    println!("per checked transaction, instructions (callgrind, {TXNS} in a single-user backend), entity_stats:");
+    for entities in [1, 5_000] {
+        let per_txn = |counting| {
+            (instructions(counting, TXNS, entities) - instructions(counting, 0, entities))
+                / f64::from(TXNS)
+        };
+        let (off, on) = (per_txn("off"), per_txn("on"));
+        println!(
+            "  {entities:>5} entities: off {off:.0}, on {on:.0}: {:+.2}%",
+            (on / off - 1.0) * 100.0
+        );
+    }
+    cluster.restart();
+}
+
 #[tokio::main]
 async fn main() {
     let (seconds, rounds) = pgbench::settings();
@@ -129,6 +198,7 @@ async fn main() {
 
     per_call(&c).await;
     per_insert(&c).await;
+    per_counted_transaction().await;
 
     println!(
         "\npgbench -M prepared -c {clients} -T {seconds}, {rounds} interleaved rounds, median TPS"

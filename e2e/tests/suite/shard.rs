@@ -1,6 +1,7 @@
 //! The shard role across sessions: fences and raises wait for checked transactions in flight, a
 //! write checked after a fence commits is refused (also in REPEATABLE READ), the guide's stale
-//! v41 / move at v42 scenario on a protected table, and `stats()` across backends.
+//! v41 / move at v42 scenario on a protected table, and `stats()` and `entity_stats()` across
+//! backends.
 
 use std::time::Duration;
 
@@ -425,6 +426,71 @@ async fn stats_count_rejections_across_backends_when_preloaded() {
         ("stale", 2),
     ];
     assert_eq!(stats, expected.map(|(r, n)| (r.to_owned(), n)).to_vec());
+}
+
+/// `entity_stats()` as an operator reads it: each entity's checked transactions, once per
+/// transaction however many statements it makes, from every backend, busiest first.
+async fn entity_stats(c: &Client, top: i32) -> Vec<(String, i64)> {
+    c.query(
+        "SELECT entity_id, transactions FROM shard_directory.entity_stats($1)",
+        &[&top],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect()
+}
+
+#[tokio::test]
+async fn entity_stats_count_each_entitys_transactions_across_backends() {
+    let cluster = Cluster::start("entity-stats", PRELOAD);
+    let dba = shard(&cluster, "shard_1").await;
+    dba.execute("SELECT shard_directory.fence_frozen('tenant', '3')", &[])
+        .await
+        .unwrap();
+    let (a, b) = (
+        cluster.connect("shard_1").await,
+        cluster.connect("shard_1").await,
+    );
+    // Tenant 1: ten transactions of two writes each, from two backends; tenant 2: three.
+    for (i, c) in [&a, &b].into_iter().cycle().take(10).enumerate() {
+        begin(c, "READ COMMITTED", 1, "1").await;
+        insert(c, "1", &format!("first {i}")).await.unwrap();
+        insert(c, "1", &format!("second {i}")).await.unwrap();
+        c.batch_execute("COMMIT").await.unwrap();
+    }
+    for i in 0..3 {
+        write(&b, 1, "2", &i.to_string()).await.unwrap();
+    }
+    // Refused: not counted. Undeclared: counted by the row trigger, once.
+    write(&a, 1, "3", "x").await.unwrap_err();
+    a.batch_execute(
+        "BEGIN; SELECT set_config('app.directory_version', '1', true);
+         INSERT INTO orders VALUES ('4', 'x'), ('4', 'y'); COMMIT;",
+    )
+    .await
+    .unwrap();
+    let counted = [("1", 10), ("2", 3), ("4", 1)].map(|(id, n)| (id.to_owned(), n));
+    assert_eq!(entity_stats(&dba, 20).await, counted);
+    assert_eq!(entity_stats(&dba, 1).await, counted[..1]);
+    // Counting off: nothing more is counted.
+    a.batch_execute("SET shard_directory.entity_stats = off")
+        .await
+        .unwrap();
+    write(&a, 1, "2", "uncounted").await.unwrap();
+    assert_eq!(entity_stats(&dba, 20).await, counted);
+    // Two windows without a transaction, and the counts are gone.
+    for sql in [
+        "ALTER SYSTEM SET shard_directory.entity_stats_window = 1",
+        "SELECT pg_reload_conf()",
+    ] {
+        dba.batch_execute(sql).await.unwrap();
+    }
+    eventually("the counts to age out of the window", DEADLINE, || async {
+        entity_stats(&dba, 20).await.is_empty().then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
