@@ -35,6 +35,23 @@ pub fn command(t: &Topology) -> tokio::process::Command {
     c
 }
 
+/// A process's output as text.
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The CLI's stdout, once it is known to have exited 0 (its whole output in the panic if not).
+pub fn succeeded(out: &std::process::Output) -> String {
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
 /// The phase of the tenant's open move, if any.
 pub async fn open_phase(t: &Topology, tenant: &str) -> Option<(i64, Phase)> {
     t.dba()

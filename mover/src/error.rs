@@ -10,6 +10,8 @@ use crate::phase::Phase;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
     Connect,
+    /// Reading the fleet for a plan of many moves (`drain`, `split`, `rebalance`).
+    Plan,
     Preflight,
     Begin,
     Replicate,
@@ -35,6 +37,7 @@ impl fmt::Display for Step {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Step::Connect => "connect",
+            Step::Plan => "plan",
             Step::Preflight => "preflight",
             Step::Begin => "begin",
             Step::Replicate => "replicate",

@@ -33,10 +33,14 @@
 //!   `entry` (the directory entry), `side` (one shard), `fence`, `logical` and `copy` (the two
 //!   methods), `verify` (online, then under the freeze only what `tracking` saw change, read from
 //!   `pgoutput` streams), `sequences`, `purge` (the source's rows deleted, paced by `throttle`);
+//! - many moves: `sizes` (each entity's rows, bytes and load on its shard), `balance` (plans
+//!   that drain, split or rebalance shards) and `batch` (a plan run, several moves at once);
 //! - `status` (who drives a move, what its slot keeps), `reconcile` (rows on a shard the
 //!   directory does not name), `observer` (what a move reports) and `telemetry` (the same, as
 //!   metrics), `error`.
 
+mod balance;
+mod batch;
 mod catalog;
 mod copy;
 mod coverage;
@@ -60,12 +64,17 @@ mod registry;
 mod run;
 mod sequences;
 mod side;
+mod sizes;
 mod status;
 mod telemetry;
 mod throttle;
 mod tracking;
 mod verify;
 
+pub use balance::{
+    drain, rebalance, split, BatchPlan, Fleet, Placed, PlannedMove, ShardInfo, Totals,
+};
+pub use batch::{BatchOptions, Outcome};
 pub use entry::{HistoryRow, Placement};
 pub use error::{Error, Failure, Left, Place, Step};
 pub use fence::Fence;
@@ -79,4 +88,5 @@ pub use record::{Method, MoveRecord, TableProgress};
 pub use registry::{with_password, Endpoint, Overrides, ShardOverride};
 /// The protocol's key and state, as the mover's API takes and returns them.
 pub use shard_directory_protocol::{EntityKey, State};
+pub use sizes::{Size, Weigh};
 pub use status::{Driver, MoveStatus, Slot};

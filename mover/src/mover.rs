@@ -31,6 +31,7 @@ use crate::run::{stopped, Run};
 use crate::side::{self, Side};
 use crate::status::{self, MoveStatus};
 use crate::telemetry::Metered;
+use crate::verify;
 
 /// Class of the session advisory lock a run holds on its move (`pg_advisory_lock(int, int)`).
 const MOVE_LOCK_CLASS: i32 = 0x5344_4d56;
@@ -39,7 +40,7 @@ const MOVE_LOCK_CLASS: i32 = 0x5344_4d56;
 /// one `Mover` may run several moves at once.
 pub struct Mover {
     directory: Config,
-    overrides: Overrides,
+    pub(crate) overrides: Overrides,
     pub(crate) options: MoveOptions,
     pub(crate) observer: Arc<dyn Observer>,
 }
@@ -61,7 +62,7 @@ impl Mover {
         self
     }
 
-    async fn connect_directory(&self, move_id: Option<i64>) -> Result<Client, Error> {
+    pub(crate) async fn connect_directory(&self, move_id: Option<i64>) -> Result<Client, Error> {
         registry::connect(
             &self.directory,
             &side::application_name(move_id),
@@ -70,14 +71,16 @@ impl Mover {
         .await
     }
 
-    /// Checks that `key` can move to `target` and says how, changing nothing.
+    /// Checks that `key` can move to `target` and says how, with how long its comparison and its
+    /// freeze should take, changing nothing.
     pub async fn plan(&self, key: &EntityKey, target: &str) -> Result<Plan, Error> {
         let directory = self.connect_directory(None).await?;
-        Ok(
-            preflight(&directory, &self.overrides, &self.options, key, target)
-                .await?
-                .0,
-        )
+        let (mut plan, tables, source, _) =
+            preflight(&directory, &self.overrides, &self.options, key, target).await?;
+        let full_check =
+            verify::estimate((&source.client, source.name()), &tables, &plan.tables, key).await?;
+        plan.estimate(full_check, &self.options);
+        Ok(plan)
     }
 
     /// Starts a move of `key` to `target` and runs it to the end.

@@ -4,6 +4,7 @@
 //! names the table or shard and the fix.
 
 use std::fmt;
+use std::time::Duration;
 
 use shard_directory_protocol::{EntityKey, State};
 use tokio_postgres::Client;
@@ -35,6 +36,63 @@ pub struct Plan {
     pub target_fence: Fence,
     /// What will make the move slower than it need be, with the fix; it goes ahead.
     pub warnings: Vec<String>,
+    /// How long its comparison and its freeze should take (`--dry-run` only).
+    pub estimates: Vec<String>,
+}
+
+impl Plan {
+    /// Adds what a comparison of every row takes (`full_check`, measured on a sample) and what
+    /// that means for the freeze under `options`; a freeze that would outrun `--max-freeze` is a
+    /// warning.
+    pub(crate) fn estimate(&mut self, full_check: Duration, options: &MoveOptions) {
+        let max = options.max_freeze;
+        self.estimates.push(format!(
+            "comparing every row: about {} (each table's first rows hashed on {})",
+            seconds(full_check),
+            self.source
+        ));
+        let (freeze, over) = match self.method {
+            Method::Logical if options.online_check => (
+                format!(
+                    "the freeze: a catch-up and the rows changed since the online check, whatever \
+                     the size; measured before freezing, and not begun while over half of \
+                     --max-freeze ({})",
+                    seconds(max)
+                ),
+                None,
+            ),
+            Method::Logical => (
+                format!(
+                    "the freeze: about {}, every row compared under it (--no-online-check)",
+                    seconds(full_check)
+                ),
+                Some("drop --no-online-check"),
+            ),
+            Method::Copy => (
+                format!(
+                    "the freeze: more than {}, the copy and the comparison of every row under it",
+                    seconds(full_check)
+                ),
+                Some("use --method logical, or raise --max-freeze"),
+            ),
+        };
+        self.estimates.push(freeze);
+        if let Some(fix) = over.filter(|_| full_check > max) {
+            self.warnings.push(format!(
+                "the freeze would outlast --max-freeze ({}): it would be undone and the move \
+                 would fail; fix: {fix}",
+                seconds(max)
+            ));
+        }
+    }
+}
+
+fn seconds(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        format!("{} ms", d.as_millis())
+    } else {
+        format!("{:.1} s", d.as_secs_f64())
+    }
 }
 
 impl fmt::Display for Plan {
@@ -55,6 +113,9 @@ impl fmt::Display for Plan {
             "  fences now: source {}, target {}",
             self.source_fence, self.target_fence
         )?;
+        for estimate in &self.estimates {
+            writeln!(f, "  estimate: {estimate}")?;
+        }
         for warning in &self.warnings {
             writeln!(f, "  warning: {warning}")?;
         }
@@ -125,6 +186,7 @@ pub(crate) async fn preflight(
         source_fence,
         target_fence,
         warnings: unindexed_keys(&tables),
+        estimates: Vec::new(),
     };
     Ok((plan, tables, source, target))
 }

@@ -6,7 +6,8 @@
 use std::process::Output;
 
 use serde_json::Value;
-use shard_directory_e2e::{mover_cli, Topology};
+use shard_directory_e2e::mover_cli::{self, succeeded, text};
+use shard_directory_e2e::Topology;
 use shard_directory_mover::Phase;
 
 async fn cli(t: Option<&Topology>, args: &[&str]) -> Output {
@@ -16,21 +17,6 @@ async fn cli(t: Option<&Topology>, args: &[&str]) -> Output {
         c.env("SHARD_DIRECTORY_URL", t.directory.conn_str("directory"));
     }
     c.output().await.expect("run shard-directory")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn succeeded(out: &Output) -> String {
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    text(&out.stdout)
 }
 
 #[tokio::test]
@@ -108,6 +94,25 @@ async fn an_operator_moves_a_tenant_and_follows_it_with_the_cli() {
         "{plan}"
     );
     assert!(plan.contains("public.orders: 2 rows"), "{plan}");
+    assert!(
+        plan.contains("estimate: comparing every row: about"),
+        "{plan}"
+    );
+    assert!(
+        plan.contains("estimate: the freeze: a catch-up and the rows changed since"),
+        "{plan}"
+    );
+    assert!(!plan.contains("would outlast"), "{plan}");
+    // A copy-method freeze cannot fit in a nanosecond: the plan says so, with the fix.
+    let args = "move tenant 8842 --to shard_2 --dry-run --method copy --max-freeze 1ns";
+    let tight = succeeded(&cli(Some(&t), &args.split(' ').collect::<Vec<_>>()).await);
+    assert!(
+        tight.contains(
+            "warning: the freeze would outlast --max-freeze (0 ms): it would be undone and the \
+             move would fail; fix: use --method logical, or raise --max-freeze"
+        ),
+        "{tight}"
+    );
     assert!(
         succeeded(&cli(Some(&t), &["list"]).await).is_empty(),
         "a dry run records nothing"

@@ -11,6 +11,7 @@ mod directory;
 mod drills;
 mod dump;
 mod mover;
+mod mover_batch;
 mod mover_faults;
 mod mover_privileges;
 mod mover_schemas;

@@ -17,11 +17,14 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use clap::{Parser, Subcommand, ValueEnum};
+
+mod many;
 use futures_util::future::BoxFuture;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use serde_json::json;
 use shard_directory_mover::{
     Error, Failure, Left, MethodChoice, MoveOptions, MoveRecord, Mover, Observer, Overrides, Phase,
+    Weigh,
 };
 use shard_directory_protocol::EntityKey;
 
@@ -110,11 +113,19 @@ enum MethodArg {
 enum Command {
     /// Move an entity to another shard, with its rows.
     Move {
-        entity_type: String,
-        entity_id: String,
+        #[arg(required_unless_present = "from_file")]
+        entity_type: Option<String>,
+        #[arg(required_unless_present = "from_file")]
+        entity_id: Option<String>,
         /// The target shard.
-        #[arg(long)]
-        to: String,
+        #[arg(long, required_unless_present = "from_file")]
+        to: Option<String>,
+        /// Run the moves of a plan file (`drain`, `split` and `rebalance` write them; a person
+        /// may edit one); run again after an interruption, it goes on where it stopped.
+        #[arg(long, value_name = "PLAN", conflicts_with_all = ["entity_type", "entity_id", "to", "dry_run"])]
+        from_file: Option<PathBuf>,
+        #[command(flatten)]
+        batch: many::BatchArgs,
         #[arg(long, value_enum, default_value = "auto")]
         method: MethodArg,
         /// Longest time the entity's writes may be refused; past it the move aborts itself.
@@ -139,6 +150,39 @@ enum Command {
         /// (repeatable); preflight otherwise refuses to move while it is not protected.
         #[arg(long = "unrelated-table", value_name = "TABLE")]
         unrelated_tables: Vec<String>,
+    },
+    /// Move every entity off a shard: prints the plan (JSON); --apply runs it.
+    Drain {
+        shard: String,
+        /// The shards to move them to, comma-separated (default: every other shard).
+        #[arg(long, value_delimiter = ',')]
+        to: Vec<String>,
+        #[command(flatten)]
+        plan: many::PlanArgs,
+    },
+    /// Move about a fraction of a shard's weight to another shard: prints the plan; --apply runs
+    /// it.
+    Split {
+        shard: String,
+        /// The shard that takes the moved entities.
+        #[arg(long)]
+        to: String,
+        /// The share of the shard's weight to move (between 0 and 1).
+        #[arg(long, default_value_t = 0.5)]
+        fraction: f64,
+        #[command(flatten)]
+        plan: many::PlanArgs,
+    },
+    /// Even out the shards' weights: prints the plan; --apply runs it.
+    Rebalance {
+        /// How far above the mean a shard may stay (a fraction of the mean).
+        #[arg(long, default_value_t = 0.1)]
+        tolerance: f64,
+        /// The most moves the plan makes.
+        #[arg(long, default_value_t = 100)]
+        max_moves: usize,
+        #[command(flatten)]
+        plan: many::PlanArgs,
     },
     /// Continue a move from where it stopped.
     Resume { move_id: i64 },
@@ -202,7 +246,8 @@ enum VerifyWhat {
 /// change of the replication lag (at most one a second).
 struct Progress {
     bars: Option<MultiProgress>,
-    tables: Mutex<HashMap<String, ProgressBar>>,
+    /// A bar per table of each move (a plan runs several at once).
+    tables: Mutex<HashMap<(i64, String), ProgressBar>>,
     lag_shown: Mutex<Option<(Instant, i64)>>,
     /// The move this process runs, once it has an id.
     move_id: Mutex<Option<i64>>,
@@ -252,18 +297,20 @@ impl Observer for Progress {
             return;
         };
         let mut tables = self.tables.lock().expect("progress lock");
-        let bar = tables.entry(table.to_owned()).or_insert_with(|| {
-            let bar = bars.add(ProgressBar::new(total.max(0) as u64));
-            bar.set_style(
-                ProgressStyle::with_template(
-                    "{prefix:>24} [{bar:30}] {pos}/{len} rows, {per_sec}, eta {eta}",
-                )
-                .expect("a valid template")
-                .progress_chars("=> "),
-            );
-            bar.set_prefix(table.to_owned());
-            bar
-        });
+        let bar = tables
+            .entry((move_id, table.to_owned()))
+            .or_insert_with(|| {
+                let bar = bars.add(ProgressBar::new(total.max(0) as u64));
+                bar.set_style(
+                    ProgressStyle::with_template(
+                        "{prefix:>24} [{bar:30}] {pos}/{len} rows, {per_sec}, eta {eta}",
+                    )
+                    .expect("a valid template")
+                    .progress_chars("=> "),
+                );
+                bar.set_prefix(format!("{move_id} {table}"));
+                bar
+            });
         bar.set_length(total.max(done).max(0) as u64);
         bar.set_position(done.max(0) as u64);
     }
@@ -523,9 +570,14 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
     let as_json = tuning.json;
     match cli.command {
         Command::Move {
-            entity_type,
-            entity_id,
-            to,
+            from_file: Some(path),
+            batch,
+            ..
+        } => many::run_file(&mover, &path, batch.options(), as_json).await?,
+        Command::Move {
+            entity_type: Some(entity_type),
+            entity_id: Some(entity_id),
+            to: Some(to),
             dry_run,
             ..
         } => {
@@ -539,6 +591,31 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
                     as_json,
                 )?;
             }
+        }
+        Command::Move { .. } => unreachable!("clap requires an entity and --to, or --from-file"),
+        Command::Drain { shard, to, plan } => {
+            let fleet = mover.fleet(plan.by == Weigh::Load).await?;
+            let made = shard_directory_mover::drain(&fleet, &shard, &to, plan.by)?;
+            many::plan_or_apply(&mover, made, &plan, as_json).await?
+        }
+        Command::Split {
+            shard,
+            to,
+            fraction,
+            plan,
+        } => {
+            let fleet = mover.fleet(plan.by == Weigh::Load).await?;
+            let made = shard_directory_mover::split(&fleet, &shard, &to, fraction, plan.by)?;
+            many::plan_or_apply(&mover, made, &plan, as_json).await?
+        }
+        Command::Rebalance {
+            tolerance,
+            max_moves,
+            plan,
+        } => {
+            let fleet = mover.fleet(plan.by == Weigh::Load).await?;
+            let made = shard_directory_mover::rebalance(&fleet, plan.by, tolerance, max_moves)?;
+            many::plan_or_apply(&mover, made, &plan, as_json).await?
         }
         Command::Resume { move_id } => {
             let work = mover.resume(move_id);

@@ -1,0 +1,240 @@
+//! Many moves from one plan, as an operator runs them: `drain` writes a plan file, a person
+//! edits it, `move --from-file` runs it two moves at once, is killed in the middle, and run
+//! again goes on where it stopped; `split` and `rebalance` plan from the shards' own sizes.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use shard_directory_e2e::mover_cli::{command, open_phase, succeeded};
+use shard_directory_e2e::Topology;
+use shard_directory_mover::Phase;
+
+const TENANTS: [(&str, i64); 6] = [
+    ("1", 60),
+    ("2", 50),
+    ("3", 40),
+    ("4", 30),
+    ("5", 20),
+    ("6", 10),
+];
+
+async fn cli(t: &Topology, args: &[&str]) -> std::process::Output {
+    command(t)
+        .args(args)
+        .output()
+        .await
+        .expect("run shard-directory")
+}
+
+fn plan_moves(plan: &Value) -> Vec<(String, String)> {
+    plan["moves"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["entity_id"].as_str().unwrap().to_owned(),
+                m["to"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_shard_is_drained_by_an_edited_plan_run_again_after_a_kill() {
+    let t = Topology::with_shards("batch", 3).await;
+    for (id, orders) in TENANTS {
+        t.add_tenant(id, "shard_1").await;
+        t.seed_orders("shard_1", id, orders, 2).await;
+    }
+    t.add_tenant("x", "shard_2").await;
+    t.seed_orders("shard_2", "x", 100, 2).await;
+
+    // The plan, by rows: heaviest first to the lighter target; shard_2 starts 300 rows ahead.
+    let file = std::env::temp_dir().join(format!("sd-drain-{}.json", std::process::id()));
+    let path = file.to_str().unwrap();
+    succeeded(
+        &cli(
+            &t,
+            &[
+                "drain",
+                "shard_1",
+                "--to",
+                "shard_2,shard_3",
+                "--by",
+                "rows",
+                "--out",
+                path,
+            ],
+        )
+        .await,
+    );
+    let mut plan: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(plan["purpose"], "drain shard_1");
+    assert_eq!(plan["shards"]["shard_1"]["before"]["rows"], 630);
+    assert_eq!(plan["shards"]["shard_1"]["after"]["rows"], 0);
+    let planned = plan_moves(&plan);
+    let to: Vec<(&str, &str)> = planned
+        .iter()
+        .map(|(id, to)| (id.as_str(), to.as_str()))
+        .collect();
+    assert_eq!(
+        to,
+        [
+            ("1", "shard_3"),
+            ("2", "shard_3"),
+            ("3", "shard_2"),
+            ("4", "shard_3"),
+            ("5", "shard_2"),
+            ("6", "shard_3")
+        ]
+    );
+    // A person keeps tenant 6 where it is.
+    plan["moves"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|m| m["entity_id"] != "6");
+    std::fs::write(&file, serde_json::to_string_pretty(&plan).unwrap()).unwrap();
+
+    // Run it, one move at a time, and kill it once the second move has begun.
+    let mut child = command(&t)
+        .args(["move", "--from-file", path, "--method", "copy"])
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let killed_in = loop {
+        if let Some((_, phase)) = open_phase(&t, "2").await {
+            child.kill().await.unwrap();
+            break phase;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the second move never began"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(killed_in != Phase::Done, "{killed_in:?}");
+    assert_eq!(
+        t.placement("1").await,
+        "shard_3",
+        "the first move had finished"
+    );
+
+    // Run again, two at a time: the first is skipped, the second resumed, the rest started.
+    let out = succeeded(
+        &cli(
+            &t,
+            &[
+                "move",
+                "--from-file",
+                path,
+                "--parallel",
+                "2",
+                "--method",
+                "copy",
+            ],
+        )
+        .await,
+    );
+    assert!(
+        out.contains("tenant/1 shard_1 -> shard_3: skipped: tenant/1 is on shard_3 already"),
+        "{out}"
+    );
+    for (id, target) in &to[..5] {
+        assert_eq!(t.placement(id).await, *target, "{out}");
+        let orders = TENANTS.iter().find(|(i, _)| i == id).unwrap().1;
+        assert_eq!(
+            t.rows(target, id).await,
+            (orders, orders * 2),
+            "tenant {id} on {target}"
+        );
+        assert_eq!(
+            t.rows("shard_1", id).await,
+            (0, 0),
+            "tenant {id} left on shard_1"
+        );
+    }
+    assert_eq!(t.placement("6").await, "shard_1");
+    assert_eq!(t.rows("shard_1", "6").await, (10, 20));
+    // Nothing left open, and a third run has nothing to do.
+    let open = succeeded(&cli(&t, &["list", "--open"]).await);
+    assert!(open.is_empty(), "{open}");
+    let again = succeeded(&cli(&t, &["move", "--from-file", path]).await);
+    assert_eq!(again.matches("skipped").count(), 5, "{again}");
+    std::fs::remove_file(&file).unwrap();
+}
+
+#[tokio::test]
+async fn split_and_rebalance_plan_from_the_shards_own_sizes() {
+    let t = Topology::with_shards("batch-plan", 3).await;
+    for (id, orders) in TENANTS {
+        t.add_tenant(id, "shard_1").await;
+        t.seed_orders("shard_1", id, orders, 2).await;
+    }
+    // Half of shard_1's 630 rows (each tenant: its orders and two lines per order): 180 + 120;
+    // 150, 90, 60 and 30 would each overshoot what is left.
+    let split: Value = serde_json::from_str(&succeeded(
+        &cli(
+            &t,
+            &[
+                "split",
+                "shard_1",
+                "--to",
+                "shard_2",
+                "--fraction",
+                "0.5",
+                "--by",
+                "rows",
+            ],
+        )
+        .await,
+    ))
+    .unwrap();
+    let moved: Vec<String> = plan_moves(&split).into_iter().map(|(id, _)| id).collect();
+    assert_eq!(moved, ["1", "3"], "{split}");
+    assert_eq!(split["shards"]["shard_2"]["after"]["rows"], 300);
+    // Rebalance across three shards: every shard ends within a tenant of the mean (210 rows).
+    let rebalance: Value =
+        serde_json::from_str(&succeeded(&cli(&t, &["rebalance", "--by", "rows"]).await)).unwrap();
+    let after: Vec<i64> = ["shard_1", "shard_2", "shard_3"]
+        .iter()
+        .map(|s| rebalance["shards"][s]["after"]["rows"].as_i64().unwrap())
+        .collect();
+    assert_eq!(after.iter().sum::<i64>(), 630);
+    assert!(after.iter().all(|r| (r - 210).abs() <= 90), "{after:?}");
+    // By load (the shards' entity_stats()): tenant 6 is the hottest; a tenant with no
+    // transactions is never moved for load.
+    let shard_1 = t.shard("shard_1").await;
+    for (id, transactions) in [("4", 5), ("5", 10), ("6", 40)] {
+        for _ in 0..transactions {
+            shard_1
+                .batch_execute(&format!(
+                    "BEGIN; SELECT set_config('app.directory_version', '100', true),
+                            set_config('app.entity_type', 'tenant', true),
+                            set_config('app.entity_id', '{id}', true);
+                     SELECT shard_directory.assert_directory_version(); COMMIT;"
+                ))
+                .await
+                .unwrap();
+        }
+    }
+    let by_load: Value =
+        serde_json::from_str(&succeeded(&cli(&t, &["rebalance", "--by", "load"]).await)).unwrap();
+    let moved = plan_moves(&by_load);
+    assert_eq!(
+        moved.first().map(|(id, _)| id.as_str()),
+        Some("6"),
+        "{by_load}"
+    );
+    assert!(
+        moved
+            .iter()
+            .all(|(id, _)| ["4", "5", "6"].contains(&id.as_str())),
+        "{by_load}"
+    );
+    // A plan is only a plan: nothing moved.
+    for (id, _) in TENANTS {
+        assert_eq!(t.placement(id).await, "shard_1");
+    }
+}

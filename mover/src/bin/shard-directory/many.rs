@@ -1,0 +1,164 @@
+//! `drain`, `split`, `rebalance` and `move --from-file`: plans of many moves, printed as JSON a
+//! person can read and edit, and run several moves at once.
+
+use std::path::Path;
+
+use shard_directory_mover::{BatchOptions, BatchPlan, Left, Mover, Outcome as Moved, Weigh};
+
+use super::{json as pretty, summary, Outcome};
+use serde_json::json;
+
+/// How many moves of a plan run at once.
+#[derive(clap::Args)]
+pub struct BatchArgs {
+    /// Moves at once.
+    #[arg(long, default_value_t = 1)]
+    parallel: usize,
+    /// Moves at once that one shard takes part in, as source or target.
+    #[arg(long, default_value_t = 1)]
+    per_shard: usize,
+}
+
+impl BatchArgs {
+    pub fn options(&self) -> BatchOptions {
+        BatchOptions {
+            parallel: self.parallel,
+            per_shard: self.per_shard,
+        }
+    }
+}
+
+/// What `drain`, `split` and `rebalance` weigh by, and what they do with the plan.
+#[derive(clap::Args)]
+pub struct PlanArgs {
+    /// Rows, bytes (estimated from the shards), or load (checked transactions per second, from
+    /// each shard's entity_stats()).
+    #[arg(long, value_enum, default_value = "bytes")]
+    pub by: Weigh,
+    /// Write the plan to this file instead of printing it.
+    #[arg(long, value_name = "FILE")]
+    out: Option<std::path::PathBuf>,
+    /// Run the plan's moves now (without it, the plan is only printed or written).
+    #[arg(long)]
+    apply: bool,
+    #[command(flatten)]
+    batch: BatchArgs,
+}
+
+/// The plan's effect on each shard, for a person (stderr).
+fn describe(plan: &BatchPlan) {
+    eprintln!(
+        "{}: {} moves, by {:?}",
+        plan.purpose,
+        plan.moves.len(),
+        plan.by
+    );
+    for (shard, t) in &plan.shards {
+        eprintln!(
+            "  {shard}: {} -> {} entities, {} -> {} rows, {} -> {} bytes, {:.1} -> {:.1} tx/s",
+            t.entities_before,
+            t.entities_after,
+            t.before.rows,
+            t.after.rows,
+            t.before.bytes,
+            t.after.bytes,
+            t.before.load,
+            t.after.load
+        );
+    }
+}
+
+pub async fn plan_or_apply(
+    mover: &Mover,
+    plan: BatchPlan,
+    args: &PlanArgs,
+    as_json: bool,
+) -> Result<(), Outcome> {
+    describe(&plan);
+    match &args.out {
+        Some(path) => std::fs::write(path, pretty(&plan) + "\n").map_err(|e| {
+            Outcome::Failed(1, format!("writing the plan to {}: {e}", path.display()))
+        })?,
+        None if !args.apply => println!("{}", pretty(&plan)),
+        None => {}
+    }
+    if args.apply {
+        run(mover, &plan, args.batch.options(), as_json).await?;
+    }
+    Ok(())
+}
+
+pub async fn run_file(
+    mover: &Mover,
+    path: &Path,
+    options: BatchOptions,
+    as_json: bool,
+) -> Result<(), Outcome> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Outcome::Usage(format!("--from-file {}: {e}", path.display())))?;
+    let plan: BatchPlan = serde_json::from_str(&text)
+        .map_err(|e| Outcome::Usage(format!("--from-file {}: not a plan: {e}", path.display())))?;
+    run(mover, &plan, options, as_json).await
+}
+
+/// Runs the plan's moves and reports each; exit 3 when a move was left resumable, 1 when one
+/// failed otherwise.
+async fn run(
+    mover: &Mover,
+    plan: &BatchPlan,
+    options: BatchOptions,
+    as_json: bool,
+) -> Result<(), Outcome> {
+    let results = mover.run_batch(&plan.moves, options).await?;
+    let mut code = 0;
+    let mut report = Vec::new();
+    for (m, outcome) in &results {
+        let what = format!("{}/{} {} -> {}", m.entity_type, m.entity_id, m.from, m.to);
+        let (line, entry) = match outcome {
+            Moved::Moved(record) => (
+                format!("{what}: moved\n  {}", summary(record)),
+                json!({"outcome": "moved", "move_id": record.move_id}),
+            ),
+            Moved::Skipped(why) => (
+                format!("{what}: skipped: {why}"),
+                json!({"outcome": "skipped", "why": why}),
+            ),
+            Moved::Failed(failure) => {
+                let resumable = matches!(failure.left, Left::Resumable | Left::Released);
+                code = code.max(if resumable { 3 } else { 1 });
+                (
+                    format!("{what}: failed: {failure}"),
+                    json!({"outcome": "failed", "move_id": failure.move_id,
+                           "error": failure.error.to_string(), "resumable": resumable}),
+                )
+            }
+        };
+        if as_json {
+            let mut entry = entry;
+            entry["entity_type"] = json!(m.entity_type);
+            entry["entity_id"] = json!(m.entity_id);
+            entry["from"] = json!(m.from);
+            entry["to"] = json!(m.to);
+            report.push(entry);
+        } else {
+            println!("{line}");
+        }
+    }
+    if as_json {
+        println!("{}", pretty(&report));
+    }
+    let failed = results
+        .iter()
+        .filter(|(_, o)| matches!(o, Moved::Failed(_)))
+        .count();
+    match code {
+        0 => Ok(()),
+        _ => Err(Outcome::Failed(
+            code,
+            format!(
+                "{failed} of {} moves failed; run the plan again to go on",
+                results.len()
+            ),
+        )),
+    }
+}
