@@ -93,6 +93,23 @@ STABLE STRICT
 -- what admits a caller.
 LANGUAGE c AS 'MODULE_PATHNAME', 'changes_since_native';
 
+-- A plan of many moves run as one batch (`shard-directory move --from-file`): the plan as it was
+-- run, and the state `batch pause`, `batch resume` and `batch abort` set and its runner obeys.
+CREATE TABLE shard_move_batches (
+    batch_id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    purpose           text        NOT NULL DEFAULT '',
+    plan              jsonb       NOT NULL,
+    parallel          integer     NOT NULL CHECK (parallel > 0),
+    per_shard         integer     NOT NULL CHECK (per_shard > 0),
+    state             text        NOT NULL DEFAULT 'running' CHECK (state IN (
+                          'running', 'paused', 'aborting', 'aborted', 'done')),
+    started_by        text        NOT NULL DEFAULT current_user,
+    started_at        timestamptz NOT NULL DEFAULT now(),
+    updated_at        timestamptz NOT NULL DEFAULT now(),
+    finished_at       timestamptz,
+    CHECK ((finished_at IS NOT NULL) = (state IN ('aborted', 'done')))
+);
+
 -- One row per move made by the mover (crate shard-directory-mover): where it stands, what it
 -- saw, and what an abort must restore. The publication, slot and subscription of a logical move
 -- are all named replication_name, derived from move_id so it is recorded before they exist.
@@ -124,6 +141,7 @@ CREATE TABLE shard_moves (
     started_at        timestamptz NOT NULL DEFAULT now(),
     updated_at        timestamptz NOT NULL DEFAULT now(),
     finished_at       timestamptz,
+    batch_id          bigint      REFERENCES shard_move_batches,  -- the batch it ran in, if any
     CHECK (source_shard <> target_shard),
     CHECK ((finished_at IS NOT NULL) = (phase IN ('done', 'aborted')))
 );
@@ -131,6 +149,7 @@ CREATE TABLE shard_moves (
 -- At most one open move per entity.
 CREATE UNIQUE INDEX shard_moves_open_idx ON shard_moves (entity_type, entity_id)
     WHERE finished_at IS NULL;
+CREATE INDEX shard_moves_batch_idx ON shard_moves (batch_id) WHERE batch_id IS NOT NULL;
 
 -- Each move's new phase to the listeners of shard_directory_moves (a JSON object), at commit.
 CREATE TRIGGER shard_moves_notify
@@ -203,3 +222,5 @@ SELECT pg_catalog.pg_extension_config_dump('shard_directory_history', '');
 SELECT pg_catalog.pg_extension_config_dump('shard_directory_history_history_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('shard_moves', '');
 SELECT pg_catalog.pg_extension_config_dump('shard_moves_move_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('shard_move_batches', '');
+SELECT pg_catalog.pg_extension_config_dump('shard_move_batches_batch_id_seq', '');

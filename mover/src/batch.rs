@@ -1,23 +1,32 @@
 //! Many moves from one plan ([`crate::balance`]): the fleet a plan is made from (shards, entries,
-//! sizes), and a plan run with at most `parallel` moves at once and `per_shard` per shard.
+//! sizes), and a plan run as a batch (a row of `shard_move_batches`, which its moves name), at
+//! most `parallel` moves at once and `per_shard` per shard.
 //!
-//! A run reads the directory before each move, so running a plan again after the mover was
-//! killed picks up where it stopped: a move already done is skipped, a move left open (to the
-//! same target) is resumed, and an entity that is no longer where the plan found it is skipped
-//! and said so.
+//! The runner holds the batch's advisory lock and reads the batch's state before it starts each
+//! move and every second meanwhile: `paused`, it starts no more and returns once the moves it
+//! runs are done; `aborting`, it drops them, aborts every open move of the batch that has not cut
+//! over (and finishes those that have), and marks the batch `aborted`. Each move reads the
+//! directory first, so a batch resumed after its runner was killed picks up where it stopped: a
+//! move already done is skipped, a move left open (to the same target) is resumed, and an entity
+//! that is no longer where the plan found it is skipped and said so.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use serde::Serialize;
 use shard_directory_protocol::State;
+use tokio_postgres::Client;
 
-use crate::balance::{Fleet, Placed, PlannedMove, ShardInfo};
+use crate::balance::{BatchPlan, Fleet, Placed, PlannedMove, ShardInfo};
 use crate::entry;
 use crate::error::{At, Error, Failure, Place, Step};
 use crate::mover::Mover;
+use crate::phase::Phase;
 use crate::record::MoveRecord;
 use crate::side::Side;
 use crate::sizes;
+use crate::status;
 
 /// How a plan's moves run.
 #[derive(Debug, Clone, Copy)]
@@ -44,6 +53,72 @@ pub enum Outcome {
     /// Not run, and why (already there, moved elsewhere, no entry).
     Skipped(String),
     Failed(Box<Failure>),
+    /// Not started: the batch was paused or aborted first.
+    NotStarted,
+}
+
+/// Class of the session advisory lock the runner of a batch holds (`pg_advisory_lock(int, int)`).
+const BATCH_LOCK_CLASS: i32 = 0x5344_4254;
+
+/// How often a runner reads its batch's state while moves run.
+const STATE_POLL: Duration = Duration::from_secs(1);
+
+/// A batch's state (`shard_move_batches.state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BatchState {
+    Running,
+    Paused,
+    Aborting,
+    Aborted,
+    Done,
+}
+
+impl BatchState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BatchState::Running => "running",
+            BatchState::Paused => "paused",
+            BatchState::Aborting => "aborting",
+            BatchState::Aborted => "aborted",
+            BatchState::Done => "done",
+        }
+    }
+
+    fn parse(s: &str) -> Option<BatchState> {
+        [
+            BatchState::Running,
+            BatchState::Paused,
+            BatchState::Aborting,
+            BatchState::Aborted,
+            BatchState::Done,
+        ]
+        .into_iter()
+        .find(|b| b.as_str() == s)
+    }
+}
+
+/// A row of `shard_move_batches`, and where each of its planned moves stands.
+#[derive(Debug, Clone, Serialize)]
+pub struct BatchStatus {
+    pub batch_id: i64,
+    pub purpose: String,
+    pub state: BatchState,
+    pub parallel: i32,
+    pub per_shard: i32,
+    pub started_by: String,
+    pub started_at: String,
+    pub moves: Vec<BatchMove>,
+}
+
+/// A planned move of a batch: its last move record in the batch, if it began.
+#[derive(Debug, Clone, Serialize)]
+pub struct BatchMove {
+    #[serde(flatten)]
+    pub planned: PlannedMove,
+    pub move_id: Option<i64>,
+    /// The move's phase, or `pending` when it has not begun in this batch.
+    pub phase: String,
 }
 
 /// Whether a planned move is to start, to resume (an open move of it to the same target), or
@@ -115,15 +190,160 @@ impl Mover {
         Side::connect(endpoint, None).await
     }
 
-    /// Runs `moves`, at most `options.parallel` at once and `options.per_shard` per shard, in
-    /// the plan's order as capacity frees up; a failed move does not stop the others. Returns
-    /// each move with its outcome, in the plan's order.
-    pub async fn run_batch(
+    /// Records `plan` as a new batch, `running`, for [`Mover::resume_batch`] to run.
+    pub async fn record_batch(
         &self,
-        moves: &[PlannedMove],
+        plan: &BatchPlan,
         options: BatchOptions,
-    ) -> Result<Vec<(PlannedMove, Outcome)>, Error> {
+    ) -> Result<i64, Error> {
         let directory = self.connect_directory(None).await?;
+        let plan_json = serde_json::to_string(plan).expect("plain data serialises");
+        Ok(directory
+            .query_one(
+                "INSERT INTO shard_directory.shard_move_batches (purpose, plan, parallel, per_shard) \
+                 VALUES ($1, $2::text::jsonb, $3, $4) RETURNING batch_id",
+                &[
+                    &plan.purpose,
+                    &plan_json,
+                    &(options.parallel.max(1) as i32),
+                    &(options.per_shard.max(1) as i32),
+                ],
+            )
+            .await
+            .at(Step::Record, Place::Directory)?
+            .get(0))
+    }
+
+    /// Runs batch `batch_id`: new, or from where it stopped (paused, or its runner killed). Its
+    /// state goes back to `running`, and each of its moves is started, resumed or skipped as the
+    /// directory says.
+    pub async fn resume_batch(&self, batch_id: i64) -> Result<Vec<(PlannedMove, Outcome)>, Error> {
+        let directory = self.connect_directory(None).await?;
+        let moved = set_state(
+            &directory,
+            batch_id,
+            BatchState::Running,
+            &["running", "paused"],
+        )
+        .await?;
+        if !moved {
+            let state = self.batch_status(batch_id).await?.state;
+            return Err(Error::Preflight {
+                problem: format!("batch {batch_id} is {}", state.as_str()),
+                fix: "only a running or paused batch resumes; `batch status` shows its moves"
+                    .into(),
+            });
+        }
+        self.run_batch(directory, batch_id).await
+    }
+
+    /// Asks batch `batch_id`'s runner to start no more moves; the moves it runs go on to their
+    /// end. Returns the batch as it stands.
+    pub async fn pause_batch(&self, batch_id: i64) -> Result<BatchStatus, Error> {
+        let directory = self.connect_directory(None).await?;
+        set_state(&directory, batch_id, BatchState::Paused, &["running"]).await?;
+        self.batch_status(batch_id).await
+    }
+
+    /// Aborts batch `batch_id`: its runner, if one runs it, drops its moves; every open move of
+    /// the batch that has not cut over is aborted (one past it is finished), and the batch is
+    /// `aborted`. Done moves stay done.
+    pub async fn abort_batch(&self, batch_id: i64) -> Result<BatchStatus, Error> {
+        let directory = self.connect_directory(None).await?;
+        set_state(
+            &directory,
+            batch_id,
+            BatchState::Aborting,
+            &["running", "paused", "aborting"],
+        )
+        .await?;
+        // A runner that holds the batch finishes the abort itself; otherwise this process does.
+        if try_lock(&directory, batch_id).await? {
+            self.finish_abort(&directory, batch_id).await?;
+        } else {
+            for _ in 0..600 {
+                if self.batch_status(batch_id).await?.state == BatchState::Aborted {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        self.batch_status(batch_id).await
+    }
+
+    /// A batch and where each of its planned moves stands.
+    pub async fn batch_status(&self, batch_id: i64) -> Result<BatchStatus, Error> {
+        let directory = self.connect_directory(None).await?;
+        let row = directory
+            .query_opt(
+                "SELECT purpose, plan::text, state, parallel, per_shard, started_by, started_at::text \
+                 FROM shard_directory.shard_move_batches WHERE batch_id = $1",
+                &[&batch_id],
+            )
+            .await
+            .at(Step::Record, Place::Directory)?
+            .ok_or(Error::UnknownBatch(batch_id))?;
+        let plan: BatchPlan = serde_json::from_str(row.get(1)).map_err(|e| {
+            Error::Config(format!("batch {batch_id}'s plan does not read back: {e}"))
+        })?;
+        let records = directory
+            .query(
+                "SELECT DISTINCT ON (entity_type, entity_id) entity_type, entity_id, move_id, phase \
+                 FROM shard_directory.shard_moves WHERE batch_id = $1 \
+                 ORDER BY entity_type, entity_id, move_id DESC",
+                &[&batch_id],
+            )
+            .await
+            .at(Step::Record, Place::Directory)?;
+        let moves = plan
+            .moves
+            .into_iter()
+            .map(|planned| {
+                let record = records.iter().find(|r| {
+                    r.get::<_, &str>(0) == planned.entity_type
+                        && r.get::<_, &str>(1) == planned.entity_id
+                });
+                BatchMove {
+                    move_id: record.map(|r| r.get(2)),
+                    phase: record.map_or_else(|| "pending".to_owned(), |r| r.get(3)),
+                    planned,
+                }
+            })
+            .collect();
+        Ok(BatchStatus {
+            batch_id,
+            purpose: row.get(0),
+            state: BatchState::parse(row.get(2)).unwrap_or(BatchState::Running),
+            parallel: row.get(3),
+            per_shard: row.get(4),
+            started_by: row.get(5),
+            started_at: row.get(6),
+            moves,
+        })
+    }
+
+    /// Runs batch `batch_id` under its lock, held on `directory` until this returns.
+    async fn run_batch(
+        &self,
+        directory: Client,
+        batch_id: i64,
+    ) -> Result<Vec<(PlannedMove, Outcome)>, Error> {
+        if !try_lock(&directory, batch_id).await? {
+            let holder = status::driver(&directory, BATCH_LOCK_CLASS, batch_id as i32)
+                .await
+                .at(Step::Record, Place::Directory)?;
+            return Err(Error::BatchBusy {
+                batch_id,
+                holder: holder
+                    .map_or_else(|| "a session that has just ended".into(), |d| d.to_string()),
+            });
+        }
+        let status = self.batch_status(batch_id).await?;
+        let options = BatchOptions {
+            parallel: status.parallel.max(1) as usize,
+            per_shard: status.per_shard.max(1) as usize,
+        };
+        let moves: Vec<PlannedMove> = status.moves.into_iter().map(|m| m.planned).collect();
         let open = self.list(true, None).await?;
         let mut outcomes: Vec<Option<Outcome>> = moves.iter().map(|_| None).collect();
         let mut pending: Vec<(usize, Next)> = Vec::new();
@@ -162,10 +382,18 @@ impl Mover {
         }
         let mut busy: BTreeMap<&str, usize> = BTreeMap::new();
         let mut running = FuturesUnordered::new();
-        let (parallel, per_shard) = (options.parallel.max(1), options.per_shard.max(1));
+        let mut state = BatchState::Running;
+        let mut poll = tokio::time::interval(STATE_POLL);
         loop {
-            while running.len() < parallel {
-                let free = |shard: &str| busy.get(shard).copied().unwrap_or(0) < per_shard;
+            // Read before starting any: a pause or an abort may have come since the last look.
+            if !pending.is_empty() && running.len() < options.parallel {
+                state = read_state(&directory, batch_id).await?;
+            }
+            if state == BatchState::Aborting {
+                break;
+            }
+            while state == BatchState::Running && running.len() < options.parallel {
+                let free = |shard: &str| busy.get(shard).copied().unwrap_or(0) < options.per_shard;
                 let Some(at) = pending
                     .iter()
                     .position(|(i, _)| free(&moves[*i].from) && free(&moves[*i].to))
@@ -180,22 +408,46 @@ impl Mover {
                 running.push(async move {
                     let result = match next {
                         Next::Resume(id) => self.resume(id).await,
-                        _ => self.start(&m.key(), &m.to).await,
+                        _ => self.start_in(&m.key(), &m.to, Some(batch_id)).await,
                     };
                     (i, result)
                 });
             }
-            let Some((i, result)) = running.next().await else {
+            if running.is_empty() {
                 break;
-            };
-            let m = &moves[i];
-            for shard in [m.from.as_str(), m.to.as_str()] {
-                *busy.get_mut(shard).expect("counted") -= 1;
             }
-            outcomes[i] = Some(match result {
-                Ok(record) => Outcome::Moved(Box::new(record)),
-                Err(failure) => Outcome::Failed(Box::new(failure)),
-            });
+            tokio::select! {
+                Some((i, result)) = running.next() => {
+                    let m = &moves[i];
+                    for shard in [m.from.as_str(), m.to.as_str()] {
+                        *busy.get_mut(shard).expect("counted") -= 1;
+                    }
+                    outcomes[i] = Some(match result {
+                        Ok(record) => Outcome::Moved(Box::new(record)),
+                        Err(failure) => Outcome::Failed(Box::new(failure)),
+                    });
+                }
+                _ = poll.tick() => {
+                    state = read_state(&directory, batch_id).await?;
+                    if state == BatchState::Aborting {
+                        break;
+                    }
+                }
+            }
+        }
+        drop(running);
+        match read_state(&directory, batch_id).await? {
+            BatchState::Aborting => self.finish_abort(&directory, batch_id).await?,
+            // A failed move leaves the batch running: `batch resume` tries it again.
+            BatchState::Running
+                if pending.is_empty()
+                    && !outcomes
+                        .iter()
+                        .any(|o| matches!(o, Some(Outcome::Failed(_)))) =>
+            {
+                set_state(&directory, batch_id, BatchState::Done, &["running"]).await?;
+            }
+            _ => {}
         }
         Ok(moves
             .iter()
@@ -203,8 +455,90 @@ impl Mover {
             .zip(
                 outcomes
                     .into_iter()
-                    .map(|o| o.expect("every move ran or was skipped")),
+                    .map(|o| o.unwrap_or(Outcome::NotStarted)),
             )
             .collect())
     }
+
+    /// Under the batch's lock: every open move of the batch aborted (or, past its cutover,
+    /// finished), then the batch `aborted`.
+    async fn finish_abort(&self, directory: &Client, batch_id: i64) -> Result<(), Error> {
+        let open = directory
+            .query(
+                "SELECT move_id, phase FROM shard_directory.shard_moves \
+                 WHERE batch_id = $1 AND finished_at IS NULL ORDER BY move_id",
+                &[&batch_id],
+            )
+            .await
+            .at(Step::Record, Place::Directory)?;
+        for row in &open {
+            let (move_id, phase): (i64, &str) = (row.get(0), row.get(1));
+            let forward = Phase::parse(phase).is_some_and(|p| !p.can_abort());
+            let done = if forward {
+                self.resume(move_id).await
+            } else {
+                self.abort(move_id).await
+            };
+            if let Err(failure) = done {
+                return Err(failure.error);
+            }
+        }
+        set_state(directory, batch_id, BatchState::Aborted, &["aborting"]).await?;
+        Ok(())
+    }
+}
+
+/// Takes batch `batch_id`'s lock on `directory`'s session if no one holds it (waiting up to 5 s
+/// for a runner that was just killed to be noticed gone).
+async fn try_lock(directory: &Client, batch_id: i64) -> Result<bool, Error> {
+    for _ in 0..50 {
+        let locked: bool = directory
+            .query_one(
+                "SELECT pg_try_advisory_lock($1, $2)",
+                &[&BATCH_LOCK_CLASS, &(batch_id as i32)],
+            )
+            .await
+            .at(Step::Record, Place::Directory)?
+            .get(0);
+        if locked {
+            return Ok(true);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(false)
+}
+
+async fn read_state(directory: &Client, batch_id: i64) -> Result<BatchState, Error> {
+    let row = directory
+        .query_opt(
+            "SELECT state FROM shard_directory.shard_move_batches WHERE batch_id = $1",
+            &[&batch_id],
+        )
+        .await
+        .at(Step::Record, Place::Directory)?
+        .ok_or(Error::UnknownBatch(batch_id))?;
+    Ok(BatchState::parse(row.get(0)).unwrap_or(BatchState::Running))
+}
+
+/// Sets the batch's state when it is one of `from`; whether it was.
+async fn set_state(
+    directory: &Client,
+    batch_id: i64,
+    to: BatchState,
+    from: &[&str],
+) -> Result<bool, Error> {
+    let finished = matches!(to, BatchState::Aborted | BatchState::Done);
+    let n = directory
+        .execute(
+            "UPDATE shard_directory.shard_move_batches SET state = $2, updated_at = now(), \
+                    finished_at = CASE WHEN $3 THEN now() END \
+             WHERE batch_id = $1 AND state = ANY ($4)",
+            &[&batch_id, &to.as_str(), &finished, &from],
+        )
+        .await
+        .at(Step::Record, Place::Directory)?;
+    if n == 0 {
+        read_state(directory, batch_id).await?;
+    }
+    Ok(n == 1)
 }

@@ -179,6 +179,13 @@ pub enum Error {
          (a process that vanished lets go of it within about a minute)"
     )]
     Busy { move_id: i64, holder: String },
+    #[error(
+        "batch {batch_id} is being run by another process: {holder} holds the batch's lock \
+         (`batch pause {batch_id}` or `batch abort {batch_id}` reach it from here)"
+    )]
+    BatchBusy { batch_id: i64, holder: String },
+    #[error("no batch {0} in shard_directory.shard_move_batches")]
+    UnknownBatch(i64),
     /// The freeze's lease ran out before the cutover: the entity may already have been
     /// released, so the cutover is not made.
     #[error(

@@ -74,7 +74,7 @@ mod verify;
 pub use balance::{
     drain, rebalance, split, BatchPlan, Fleet, Placed, PlannedMove, ShardInfo, Totals,
 };
-pub use batch::{BatchOptions, Outcome};
+pub use batch::{BatchMove, BatchOptions, BatchState, BatchStatus, Outcome};
 pub use entry::{HistoryRow, Placement};
 pub use error::{Error, Failure, Left, Place, Step};
 pub use fence::Fence;

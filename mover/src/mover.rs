@@ -34,7 +34,7 @@ use crate::telemetry::Metered;
 use crate::verify;
 
 /// Class of the session advisory lock a run holds on its move (`pg_advisory_lock(int, int)`).
-const MOVE_LOCK_CLASS: i32 = 0x5344_4d56;
+pub(crate) const MOVE_LOCK_CLASS: i32 = 0x5344_4d56;
 
 /// Starts, resumes, aborts and inspects moves. Holds no connection: each call opens its own, so
 /// one `Mover` may run several moves at once.
@@ -85,6 +85,16 @@ impl Mover {
 
     /// Starts a move of `key` to `target` and runs it to the end.
     pub async fn start(&self, key: &EntityKey, target: &str) -> Result<MoveRecord, Failure> {
+        self.start_in(key, target, None).await
+    }
+
+    /// [`Mover::start`], the move recorded as one of batch `batch_id`'s.
+    pub(crate) async fn start_in(
+        &self,
+        key: &EntityKey,
+        target: &str,
+        batch_id: Option<i64>,
+    ) -> Result<MoveRecord, Failure> {
         let mut directory = self
             .connect_directory(None)
             .await
@@ -104,7 +114,7 @@ impl Mover {
                 (t.clone(), p)
             })
             .collect();
-        let move_id = begin(&mut directory, &plan, &self.options, &progress)
+        let move_id = begin(&mut directory, &plan, &self.options, &progress, batch_id)
             .await
             .map_err(Failure::untouched)?;
         let begun = Some(Phase::Migrating);
@@ -561,6 +571,7 @@ async fn begin(
     plan: &Plan,
     options: &MoveOptions,
     tables: &BTreeMap<String, TableProgress>,
+    batch_id: Option<i64>,
 ) -> Result<i64, Error> {
     let at = |e| Error::Db {
         step: Step::Begin,
@@ -580,6 +591,7 @@ async fn begin(
             source_fence: &plan.source_fence,
             target_fence: &plan.target_fence,
             tables,
+            batch_id,
         },
     )
     .await;

@@ -46,8 +46,8 @@ async fn missing_grants(
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
-/// What the role lacks on the directory: a writer's privileges on the entries, and the move
-/// record.
+/// What the role lacks on the directory: a writer's privileges on the entries, and the move and
+/// batch records.
 pub(crate) async fn missing_on_directory(
     directory: &Client,
 ) -> Result<Vec<String>, tokio_postgres::Error> {
@@ -67,6 +67,10 @@ pub(crate) async fn missing_on_directory(
         ),
         (
             "shard_directory.shard_moves".to_owned(),
+            "SELECT, INSERT, UPDATE",
+        ),
+        (
+            "shard_directory.shard_move_batches".to_owned(),
             "SELECT, INSERT, UPDATE",
         ),
     ];

@@ -195,6 +195,8 @@ pub(crate) struct NewMove<'a> {
     pub source_fence: &'a Fence,
     pub target_fence: &'a Fence,
     pub tables: &'a BTreeMap<String, TableProgress>,
+    /// The batch (`shard_move_batches`) the move runs in, if any.
+    pub batch_id: Option<i64>,
 }
 
 pub(crate) async fn insert(
@@ -203,9 +205,9 @@ pub(crate) async fn insert(
 ) -> Result<i64, tokio_postgres::Error> {
     Ok(c.query_one(
         "INSERT INTO shard_directory.shard_moves (entity_type, entity_id, source_shard, target_shard, \
-             method, keep_source, max_freeze, source_fence, target_fence, tables) \
+             method, keep_source, max_freeze, source_fence, target_fence, tables, batch_id) \
          VALUES ($1, $2, $3, $4, $5, $6, make_interval(secs => $7), $8::text::jsonb, $9::text::jsonb, \
-                 $10::text::jsonb) \
+                 $10::text::jsonb, $11) \
          RETURNING move_id",
         &[
             &m.entity.entity_type,
@@ -218,6 +220,7 @@ pub(crate) async fn insert(
             &to_json(m.source_fence),
             &to_json(m.target_fence),
             &to_json(m.tables),
+            &m.batch_id,
         ],
     )
     .await?

@@ -26,6 +26,18 @@ async fn cli(t: &Topology, args: &[&str]) -> std::process::Output {
         .expect("run shard-directory")
 }
 
+async fn last_batch(t: &Topology) -> i64 {
+    t.dba()
+        .await
+        .query_one(
+            "SELECT max(batch_id) FROM shard_directory.shard_move_batches",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
 fn plan_moves(plan: &Value) -> Vec<(String, String)> {
     plan["moves"]
         .as_array()
@@ -96,51 +108,47 @@ async fn a_shard_is_drained_by_an_edited_plan_run_again_after_a_kill() {
         .retain(|m| m["entity_id"] != "6");
     std::fs::write(&file, serde_json::to_string_pretty(&plan).unwrap()).unwrap();
 
-    // Run it, one move at a time, and kill it once the second move has begun.
+    // Run it, two moves at a time, and kill it once the third move has begun.
     let mut child = command(&t)
         .args(["move", "--from-file", path, "--method", "copy"])
+        .args(["--parallel", "2", "--per-shard", "2"])
         .kill_on_drop(true)
         .spawn()
         .unwrap();
     let started = Instant::now();
     let killed_in = loop {
-        if let Some((_, phase)) = open_phase(&t, "2").await {
+        if let Some((_, phase)) = open_phase(&t, "3").await {
             child.kill().await.unwrap();
             break phase;
         }
         assert!(
             started.elapsed() < Duration::from_secs(60),
-            "the second move never began"
+            "the third move never began"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert!(killed_in != Phase::Done, "{killed_in:?}");
-    assert_eq!(
-        t.placement("1").await,
-        "shard_3",
-        "the first move had finished"
-    );
-
-    // Run again, two at a time: the first is skipped, the second resumed, the rest started.
-    let out = succeeded(
-        &cli(
-            &t,
-            &[
-                "move",
-                "--from-file",
-                path,
-                "--parallel",
-                "2",
-                "--method",
-                "copy",
-            ],
-        )
-        .await,
+    let batch = last_batch(&t).await.to_string();
+    let status = succeeded(&cli(&t, &["batch", "status", &batch]).await);
+    assert!(
+        status.contains(&format!(
+            "batch {batch} running: drain shard_1 (5 moves, --parallel 2 --per-shard 2)"
+        )),
+        "{status}"
     );
     assert!(
-        out.contains("tenant/1 shard_1 -> shard_3: skipped: tenant/1 is on shard_3 already"),
-        "{out}"
+        status.contains(": done (move "),
+        "one move had finished: {status}"
     );
+    assert!(
+        status.contains("tenant/5 shard_1 -> shard_2: pending"),
+        "{status}"
+    );
+
+    // The batch goes on where it stopped: what is done skipped, what was open resumed, the
+    // rest started.
+    let out = succeeded(&cli(&t, &["batch", "resume", &batch]).await);
+    assert!(out.contains("is on shard_3 already"), "{out}");
     for (id, target) in &to[..5] {
         assert_eq!(t.placement(id).await, *target, "{out}");
         let orders = TENANTS.iter().find(|(i, _)| i == id).unwrap().1;
@@ -160,6 +168,9 @@ async fn a_shard_is_drained_by_an_edited_plan_run_again_after_a_kill() {
     // Nothing left open, and a third run has nothing to do.
     let open = succeeded(&cli(&t, &["list", "--open"]).await);
     assert!(open.is_empty(), "{open}");
+    let status = succeeded(&cli(&t, &["batch", "status", &batch]).await);
+    assert!(status.contains(&format!("batch {batch} done")), "{status}");
+    assert_eq!(status.matches(": done (move ").count(), 5, "{status}");
     let again = succeeded(&cli(&t, &["move", "--from-file", path]).await);
     assert_eq!(again.matches("skipped").count(), 5, "{again}");
     std::fs::remove_file(&file).unwrap();
@@ -237,4 +248,101 @@ async fn split_and_rebalance_plan_from_the_shards_own_sizes() {
     for (id, _) in TENANTS {
         assert_eq!(t.placement(id).await, "shard_1");
     }
+}
+
+#[tokio::test]
+async fn a_batch_paused_starts_no_more_moves_and_aborted_undoes_its_open_one() {
+    let t = Topology::start("batch-pause").await;
+    for (id, orders) in [("1", 20_000), ("2", 20_000), ("3", 10), ("4", 10)] {
+        t.add_tenant(id, "shard_1").await;
+        t.seed_orders("shard_1", id, orders, 2).await;
+    }
+    let moves: Vec<Value> = ["1", "2", "3", "4"]
+        .iter()
+        .map(|id| serde_json::json!({"entity_type": "tenant", "entity_id": id, "from": "shard_1", "to": "shard_2"}))
+        .collect();
+    let file = std::env::temp_dir().join(format!("sd-pause-{}.json", std::process::id()));
+    std::fs::write(&file, serde_json::json!({ "moves": moves }).to_string()).unwrap();
+    let path = file.to_str().unwrap();
+    let wait_for_move_of = async |id: &str| {
+        let started = Instant::now();
+        while open_phase(&t, id).await.is_none() {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "tenant {id}'s move never began"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+
+    // Paused while its first move runs: that move goes on to its end, no other starts.
+    let child = command(&t)
+        .args(["move", "--from-file", path, "--method", "copy"])
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    wait_for_move_of("1").await;
+    let batch = last_batch(&t).await.to_string();
+    let paused = succeeded(&cli(&t, &["batch", "pause", &batch]).await);
+    assert!(
+        paused.contains(&format!("batch {batch} paused")),
+        "{paused}"
+    );
+    let out = succeeded(
+        &tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
+            .await
+            .unwrap()
+            .unwrap(),
+    );
+    assert!(out.contains("tenant/1 shard_1 -> shard_2: moved"), "{out}");
+    assert!(
+        out.contains("tenant/2 shard_1 -> shard_2: not started"),
+        "{out}"
+    );
+    assert_eq!(t.placement("1").await, "shard_2");
+    assert_eq!(t.placement("2").await, "shard_1");
+
+    // Resumed, and aborted while its second move runs: that move is undone, none other starts.
+    let resumed = command(&t)
+        .args(["batch", "resume", &batch])
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    wait_for_move_of("2").await;
+    let aborted = succeeded(&cli(&t, &["batch", "abort", &batch]).await);
+    assert!(
+        aborted.contains(&format!("batch {batch} aborted")),
+        "{aborted}"
+    );
+    assert!(
+        aborted.contains("tenant/2 shard_1 -> shard_2: aborted (move "),
+        "{aborted}"
+    );
+    assert!(
+        aborted.contains("tenant/3 shard_1 -> shard_2: pending"),
+        "{aborted}"
+    );
+    let out = tokio::time::timeout(Duration::from_secs(120), resumed.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(out.status.code().is_some(), "the runner ended: {out:?}");
+    assert_eq!(
+        t.entry("tenant", "2").await,
+        ("shard_1".to_owned(), "active".to_owned())
+    );
+    assert_eq!(t.rows("shard_1", "2").await, (20_000, 40_000));
+    assert_eq!(t.rows("shard_2", "2").await, (0, 0));
+    assert_eq!(
+        t.fence("shard_1", "2").await,
+        None,
+        "tenant 2 is writable on shard_1 again"
+    );
+    for id in ["3", "4"] {
+        assert_eq!(t.placement(id).await, "shard_1");
+    }
+    // An aborted batch does not resume.
+    let refused = cli(&t, &["batch", "resume", &batch]).await;
+    assert_eq!(refused.status.code(), Some(1));
+    std::fs::remove_file(&file).unwrap();
 }

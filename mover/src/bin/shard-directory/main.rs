@@ -184,6 +184,11 @@ enum Command {
         #[command(flatten)]
         plan: many::PlanArgs,
     },
+    /// A batch of moves (`move --from-file`, `--apply`): status, pause, resume, abort.
+    Batch {
+        #[command(subcommand)]
+        what: BatchWhat,
+    },
     /// Continue a move from where it stopped.
     Resume { move_id: i64 },
     /// Return a move to its start (not once it has passed complete_move).
@@ -221,6 +226,18 @@ enum Command {
         #[command(subcommand)]
         what: VerifyWhat,
     },
+}
+
+#[derive(Subcommand)]
+enum BatchWhat {
+    /// The batch and where each of its moves stands.
+    Status { batch_id: i64 },
+    /// Start no more of its moves; those under way go on to their end.
+    Pause { batch_id: i64 },
+    /// Run it again from where it stopped (paused, or its runner killed).
+    Resume { batch_id: i64 },
+    /// Abort its open moves (finish those past their cutover) and start no more.
+    Abort { batch_id: i64 },
 }
 
 #[derive(Subcommand)]
@@ -387,7 +404,7 @@ impl From<Error> for Outcome {
     fn from(e: Error) -> Outcome {
         match e {
             Error::Config(_) => Outcome::Usage(e.to_string()),
-            Error::Busy { .. } => Outcome::Failed(4, e.to_string()),
+            Error::Busy { .. } | Error::BatchBusy { .. } => Outcome::Failed(4, e.to_string()),
             other => Outcome::Failed(1, other.to_string()),
         }
     }
@@ -617,6 +634,21 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
             let made = shard_directory_mover::rebalance(&fleet, plan.by, tolerance, max_moves)?;
             many::plan_or_apply(&mover, made, &plan, as_json).await?
         }
+        Command::Batch { what } => match what {
+            BatchWhat::Status { batch_id } => {
+                many::print_status(&mover.batch_status(batch_id).await?, as_json)
+            }
+            BatchWhat::Pause { batch_id } => {
+                many::print_status(&mover.pause_batch(batch_id).await?, as_json)
+            }
+            BatchWhat::Abort { batch_id } => {
+                many::print_status(&mover.abort_batch(batch_id).await?, as_json)
+            }
+            BatchWhat::Resume { batch_id } => {
+                let results = mover.resume_batch(batch_id).await?;
+                many::report(batch_id, &results, as_json)?
+            }
+        },
         Command::Resume { move_id } => {
             let work = mover.resume(move_id);
             report(run_to_the_end(&mover, &progress, None, work).await, as_json)?;

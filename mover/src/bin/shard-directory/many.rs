@@ -3,7 +3,9 @@
 
 use std::path::Path;
 
-use shard_directory_mover::{BatchOptions, BatchPlan, Left, Mover, Outcome as Moved, Weigh};
+use shard_directory_mover::{
+    BatchOptions, BatchPlan, BatchStatus, Left, Mover, Outcome as Moved, PlannedMove, Weigh,
+};
 
 use super::{json as pretty, summary, Outcome};
 use serde_json::json;
@@ -101,27 +103,45 @@ pub async fn run_file(
     run(mover, &plan, options, as_json).await
 }
 
-/// Runs the plan's moves and reports each; exit 3 when a move was left resumable, 1 when one
-/// failed otherwise.
+/// Records the plan as a batch, says its id (to pause or abort it from elsewhere), and runs it.
 async fn run(
     mover: &Mover,
     plan: &BatchPlan,
     options: BatchOptions,
     as_json: bool,
 ) -> Result<(), Outcome> {
-    let results = mover.run_batch(&plan.moves, options).await?;
+    let batch_id = mover.record_batch(plan, options).await?;
+    eprintln!(
+        "batch {batch_id}: {} moves; `shard-directory batch pause|abort|status {batch_id}`",
+        plan.moves.len()
+    );
+    let results = mover.resume_batch(batch_id).await?;
+    report(batch_id, &results, as_json)
+}
+
+/// Reports each move of batch `batch_id`'s run; exit 3 when a move was left resumable, 1 when
+/// one failed otherwise.
+pub fn report(
+    batch_id: i64,
+    results: &[(PlannedMove, Moved)],
+    as_json: bool,
+) -> Result<(), Outcome> {
     let mut code = 0;
     let mut report = Vec::new();
-    for (m, outcome) in &results {
+    for (m, outcome) in results {
         let what = format!("{}/{} {} -> {}", m.entity_type, m.entity_id, m.from, m.to);
         let (line, entry) = match outcome {
             Moved::Moved(record) => (
-                format!("{what}: moved\n  {}", summary(record)),
+                format!("{what}: moved\n  {}", summary(record.as_ref())),
                 json!({"outcome": "moved", "move_id": record.move_id}),
             ),
             Moved::Skipped(why) => (
                 format!("{what}: skipped: {why}"),
                 json!({"outcome": "skipped", "why": why}),
+            ),
+            Moved::NotStarted => (
+                format!("{what}: not started (the batch was paused or aborted)"),
+                json!({"outcome": "not_started"}),
             ),
             Moved::Failed(failure) => {
                 let resumable = matches!(failure.left, Left::Resumable | Left::Released);
@@ -145,7 +165,12 @@ async fn run(
         }
     }
     if as_json {
-        println!("{}", pretty(&report));
+        println!(
+            "{}",
+            pretty(&json!({"batch_id": batch_id, "moves": report}))
+        );
+    } else {
+        println!("batch {batch_id}: `shard-directory batch status {batch_id}` shows it");
     }
     let failed = results
         .iter()
@@ -156,9 +181,39 @@ async fn run(
         _ => Err(Outcome::Failed(
             code,
             format!(
-                "{failed} of {} moves failed; run the plan again to go on",
+                "{failed} of {} moves of batch {batch_id} failed; `batch resume {batch_id}` goes on",
                 results.len()
             ),
         )),
+    }
+}
+
+/// A batch and each of its moves, for a person or (`--json`) a script.
+pub fn print_status(status: &BatchStatus, as_json: bool) {
+    if as_json {
+        println!("{}", pretty(status));
+        return;
+    }
+    println!(
+        "batch {} {}: {} ({} moves, --parallel {} --per-shard {}), started {} by {}",
+        status.batch_id,
+        status.state.as_str(),
+        status.purpose,
+        status.moves.len(),
+        status.parallel,
+        status.per_shard,
+        status.started_at,
+        status.started_by
+    );
+    for m in &status.moves {
+        let p = &m.planned;
+        let id = m
+            .move_id
+            .map(|id| format!(" (move {id})"))
+            .unwrap_or_default();
+        println!(
+            "  {}/{} {} -> {}: {}{id}",
+            p.entity_type, p.entity_id, p.from, p.to, m.phase
+        );
     }
 }
