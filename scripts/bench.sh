@@ -4,6 +4,7 @@
 #   move       a 100k-row tenant moved by logical vs copy, and the copy against a plain COPY
 #   freeze     a logical move's freeze by tenant size (100k, 1M, 10M rows): online check on vs off
 #   throttle   another tenant's write latency on the source: no move vs a move vs a paced move
+#   drain      a shard of 200 tenants of mixed sizes drained by a plan: --parallel 1 vs 2
 #   directory  one entry's UPDATE: plain table vs the guide's PL/pgSQL trigger vs the extension
 #   churn      cache hit rate while tenants are inserted: invalidation by entity vs full flush
 #   lookup     a cache hit against a Mutex<HashMap> of the same entries
@@ -15,7 +16,7 @@
 # bench/results/results.md, and `fanout` its samples and a chart (bench/results/fanout.{csv,svg});
 # --quick writes under bench/results/quick/ instead.
 # Settings: BENCH_SECONDS, BENCH_ROUNDS (check, directory; BENCH_SECONDS also churn), BENCH_CLIENTS
-# (check), BENCH_MOVES (move, freeze), BENCH_SIZES (freeze), BENCH_ROWS and BENCH_MAX_RATE (throttle), BENCH_ENTRIES (churn; lookup: sizes, comma-separated),
+# (check), BENCH_MOVES (move, freeze), BENCH_SIZES (freeze), BENCH_TENANTS and BENCH_METHOD (drain), BENCH_ROWS and BENCH_MAX_RATE (throttle), BENCH_ENTRIES (churn; lookup: sizes, comma-separated),
 # BENCH_INSERTS (churn), BENCH_INSTANCES and BENCH_CHANGES (fanout), BENCH_TRIALS (recovery).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +28,7 @@ if [ "${1:-}" = --quick ]; then
   export BENCH_SECONDS=${BENCH_SECONDS:-3} BENCH_ROUNDS=${BENCH_ROUNDS:-1} BENCH_MOVES=${BENCH_MOVES:-1}
   export BENCH_ENTRIES=${BENCH_ENTRIES:-100000} BENCH_CHANGES=${BENCH_CHANGES:-50}
   export BENCH_INSTANCES=${BENCH_INSTANCES:-1,16,64} BENCH_TRIALS=${BENCH_TRIALS:-10}
+  export BENCH_TENANTS=${BENCH_TENANTS:-40}
 fi
 
 bash scripts/setup.sh
@@ -43,7 +45,7 @@ mkdir -p "bench/$BENCH_RESULTS"
   echo "Command: bash scripts/bench.sh $( [ "$BENCH_RESULTS" = results/quick ] && echo '--quick ')${*:-}"
   echo
 } > "$results"
-for bench in ${@:-check move freeze throttle directory churn lookup fanout poll recovery}; do
+for bench in ${@:-check move freeze throttle drain directory churn lookup fanout poll recovery}; do
   echo "## $bench" >> "$results"
   echo >> "$results"
   "target/release/bench_$bench" | tee -a "$results"
