@@ -37,15 +37,6 @@ pub struct BatchOptions {
     pub per_shard: usize,
 }
 
-impl Default for BatchOptions {
-    fn default() -> Self {
-        BatchOptions {
-            parallel: 1,
-            per_shard: 1,
-        }
-    }
-}
-
 /// What became of one planned move.
 #[derive(Debug)]
 pub enum Outcome {

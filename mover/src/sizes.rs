@@ -16,8 +16,8 @@ use crate::error::{At, Error, Step};
 /// Pages of a table read whole; a larger table is sampled down to about this many.
 const WHOLE_PAGES: i64 = 12_800;
 
-/// Rows of [`entity_stats`] read from a shard for the load.
-const LOAD_TOP: i32 = 100_000;
+/// Rows of `entity_stats()` read from a shard for the load: all it holds (at most 1,024).
+const LOAD_TOP: i32 = i32::MAX;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Size {
