@@ -46,10 +46,14 @@ CREATE TABLE shard_moves (
     method            text        NOT NULL CHECK (method IN ('logical', 'copy')),
     phase             text        NOT NULL DEFAULT 'migrating' CHECK (phase IN (
                           'migrating', 'copying', 'catching_up', 'frozen', 'verified', 'cutover',
-                          'cleaning_up', 'done', 'aborting', 'aborted')),
+                          'cleaning_up', 'reversible', 'done', 'reverted', 'aborting',
+                          'aborted')),
     keep_source       boolean     NOT NULL DEFAULT false,
     max_freeze        interval    NOT NULL,
-    replication_name  text        GENERATED ALWAYS AS ('sd_move_' || move_id) STORED,
+    -- A revert's replication is the way back of the move it reverts, which that move made.
+    replication_name  text        GENERATED ALWAYS AS (CASE WHEN reverses IS NULL
+                                      THEN 'sd_move_' || move_id
+                                      ELSE 'sd_move_' || reverses || '_back' END) STORED,
     source_fence      jsonb       NOT NULL,   -- the entity's fence on each side before the move
     target_fence      jsonb       NOT NULL,
     tables            jsonb       NOT NULL DEFAULT '{}',  -- per table: rows total, copied, deleted
@@ -65,14 +69,24 @@ CREATE TABLE shard_moves (
     started_at        timestamptz NOT NULL DEFAULT now(),
     updated_at        timestamptz NOT NULL DEFAULT now(),
     finished_at       timestamptz,
-    batch_id          bigint      REFERENCES shard_move_batches,  -- the batch it ran in, if any
+    -- The batch (shard_move_batches) it ran in, if any: not a foreign key, since a parallel
+    -- pg_restore loads the two tables side by side (a reverted move is in this one).
+    batch_id          bigint,
+    -- --reversible: after the cutover, a replication of the entity's rows back to the source
+    -- (sd_move_<id>_back) keeps them there, until finalize (or reversible_until) or a revert.
+    reversible        boolean     NOT NULL DEFAULT false,
+    reversible_for    interval,
+    reversible_until  timestamptz,
+    finalized_at      timestamptz,  -- finalize asked: the way back dropped, the source cleared
+    reverses          bigint      REFERENCES shard_moves,  -- the reversible move this one takes back
     CHECK (source_shard <> target_shard),
-    CHECK ((finished_at IS NOT NULL) = (phase IN ('done', 'aborted')))
+    CHECK (NOT (reversible AND reverses IS NOT NULL)),
+    CHECK ((finished_at IS NOT NULL) = (phase IN ('done', 'reverted', 'aborted')))
 );
 
--- At most one open move per entity.
+-- At most one open move per entity, a reversible one's revert aside.
 CREATE UNIQUE INDEX shard_moves_open_idx ON shard_moves (entity_type, entity_id)
-    WHERE finished_at IS NULL;
+    WHERE finished_at IS NULL AND phase <> 'reversible';
 CREATE INDEX shard_moves_batch_idx ON shard_moves (batch_id) WHERE batch_id IS NOT NULL;
 CREATE FUNCTION "shard_moves_notify"()
 	RETURNS TRIGGER

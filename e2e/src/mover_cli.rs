@@ -52,12 +52,14 @@ pub fn succeeded(out: &std::process::Output) -> String {
     text(&out.stdout)
 }
 
-/// The phase of the tenant's open move, if any.
+/// The phase of the tenant's open move, if any (a reversible move is not one: it waits for
+/// `revert` or `finalize`).
 pub async fn open_phase(t: &Topology, tenant: &str) -> Option<(i64, Phase)> {
     t.dba()
         .await
         .query_opt(
-            "SELECT move_id, phase FROM shard_directory.shard_moves WHERE entity_id = $1 AND finished_at IS NULL",
+            "SELECT move_id, phase FROM shard_directory.shard_moves \
+             WHERE entity_id = $1 AND finished_at IS NULL AND phase <> 'reversible'",
             &[&tenant],
         )
         .await
@@ -87,11 +89,24 @@ pub async fn kill_at(
     kill_at: Phase,
     delay: Duration,
 ) -> Option<Killed> {
+    let args = ["move", "tenant", tenant, "--to", to, "--method", method];
+    kill_inside(t, tenant, &args, kill_at, delay).await
+}
+
+/// Runs `shard-directory <args>` (a move of `tenant`, or a revert) and SIGKILLs it `delay` after
+/// the tenant's open move reaches `kill_at` (or a later phase). None when it finished before.
+pub async fn kill_inside(
+    t: &Topology,
+    tenant: &str,
+    args: &[&str],
+    kill_at: Phase,
+    delay: Duration,
+) -> Option<Killed> {
     let mut child = command(t)
-        .args(["move", "tenant", tenant, "--to", to, "--method", method])
+        .args(args)
         .kill_on_drop(true)
         .spawn()
-        .expect("run shard-directory move");
+        .expect("run shard-directory");
     let started = Instant::now();
     let (move_id, seen_at) = loop {
         if let Some((id, phase)) = open_phase(t, tenant).await {
@@ -111,7 +126,7 @@ pub async fn kill_at(
         }
         assert!(
             started.elapsed() < Duration::from_secs(60),
-            "the CLI move did not reach {kill_at}"
+            "shard-directory {args:?} did not reach {kill_at}"
         );
         tokio::time::sleep(Duration::from_millis(2)).await;
     };
@@ -122,7 +137,8 @@ pub async fn kill_at(
     })
 }
 
-/// `shard-directory <verb> <move_id>` (`resume` or `abort`), which must succeed.
+/// `shard-directory <verb> <move_id>` (`resume`, `abort`, `revert`, `finalize`), which must
+/// succeed.
 pub async fn finish(t: &Topology, verb: &str, move_id: i64) {
     let out = command(t)
         .args([verb, &move_id.to_string()])

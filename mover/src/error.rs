@@ -28,6 +28,8 @@ pub enum Step {
     FenceSource,
     DropReplication,
     DeleteSource,
+    /// `--reversible`: the replication of the entity's rows from the target back to the source.
+    WayBack,
     Abort,
     Record,
     Cleanup,
@@ -53,6 +55,7 @@ impl fmt::Display for Step {
             Step::FenceSource => "fence source",
             Step::DropReplication => "drop replication",
             Step::DeleteSource => "delete source rows",
+            Step::WayBack => "way back",
             Step::Abort => "abort",
             Step::Record => "move record",
             Step::Cleanup => "cleanup",

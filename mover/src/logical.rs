@@ -2,6 +2,13 @@
 //! its tables (insert, update, delete; never truncate, which a row filter does not apply to), and
 //! one subscription on the target that copies and then streams. Publication, slot and
 //! subscription all carry the move's `replication_name`.
+//!
+//! A `--reversible` move also makes a way back (`sd_move_<id>_back`): the same objects the
+//! other way, a publication and slot on the target and a subscription on the source, which
+//! copies nothing (the source has the rows). Its slot is created before the freeze and moved,
+//! under the freeze, past everything the move itself wrote on the target, so it carries exactly
+//! the writes made there after the cutover; it is turned on only once the forward replication is
+//! gone, so no change goes round in a circle. A `revert` adopts it as its own replication.
 
 use std::time::{Duration, Instant};
 
@@ -29,6 +36,14 @@ impl From<tokio_postgres::Error> for Trouble {
 /// its name is adopted only when it says this, so a leftover of another move that happened to get
 /// the same id (another directory, a restore) is never taken for this move's.
 pub(crate) fn signature(record: &crate::record::MoveRecord) -> String {
+    if let Some(reversible) = record.reverses {
+        return way_back_signature(
+            reversible,
+            &record.entity(),
+            &record.source_shard,
+            &record.target_shard,
+        );
+    }
     format!(
         "shard_directory move {} of {} from {} to {}, started {}",
         record.move_id,
@@ -37,6 +52,22 @@ pub(crate) fn signature(record: &crate::record::MoveRecord) -> String {
         record.target_shard,
         record.started_at
     )
+}
+
+/// The name of reversible move `move_id`'s way back.
+pub(crate) fn way_back_name(move_id: i64) -> String {
+    format!("sd_move_{move_id}_back")
+}
+
+/// What the way back of reversible move `move_id` says about itself, from `from` (its target) to
+/// `to` (its source): the same as its revert's [`signature`], which adopts it.
+pub(crate) fn way_back_signature(
+    move_id: i64,
+    key: &shard_directory_protocol::EntityKey,
+    from: &str,
+    to: &str,
+) -> String {
+    format!("shard_directory way back of move {move_id} of {key} from {from} to {to}")
 }
 
 /// Whether the object `describe` (a query of its COMMENT, `$1` = its name) finds exists; refuses
@@ -184,11 +215,21 @@ async fn create_slot(source: &Client, name: &str, wait: Duration) -> Result<(), 
     }
 }
 
+/// How a new subscription begins.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Begin {
+    /// A move's: copies the existing rows, then streams.
+    CopyThenStream,
+    /// A way back's: created off and copying nothing (its subscriber has the rows); it streams
+    /// from its slot's position once turned on.
+    Off,
+}
+
 /// Creates the subscription unless this move's exists, on a slot made first on the source (so
 /// the wait for the source's transactions in progress is bounded by `slot_wait` and names them).
-/// It copies the existing rows, then streams; `disable_on_error` stops it at the first conflict
-/// instead of retrying forever, and `synchronous_commit = on` makes the slot's confirmed position
-/// follow each applied commit promptly, which is what the freeze waits on.
+/// `disable_on_error` stops it at the first conflict instead of retrying forever, and
+/// `synchronous_commit = on` makes the slot's confirmed position follow each applied commit
+/// promptly, which is what the freeze waits on.
 pub(crate) async fn ensure_subscription(
     source: &Client,
     target: &Client,
@@ -196,6 +237,7 @@ pub(crate) async fn ensure_subscription(
     publisher_conninfo: &str,
     signature: &str,
     slot_wait: Duration,
+    begin: Begin,
 ) -> Result<(), Trouble> {
     let describe = "SELECT obj_description(oid, 'pg_subscription') FROM pg_subscription \
                     WHERE subname = $1 \
@@ -207,11 +249,22 @@ pub(crate) async fn ensure_subscription(
     let ddl: String = target
         .query_one(
             "SELECT format('CREATE SUBSCRIPTION %I CONNECTION %L PUBLICATION %I \
-                            WITH (slot_name = %L, create_slot = false, copy_data = true, \
-                                  disable_on_error = true, synchronous_commit = ''on''); \
+                            WITH (slot_name = %L, create_slot = false, copy_data = %s, \
+                                  enabled = %s, disable_on_error = true, \
+                                  synchronous_commit = ''on''); \
                             COMMENT ON SUBSCRIPTION %I IS %L',
-                           $1::text, $2::text, $1::text, $1::text, $1::text, $3::text)",
-            &[&name, &publisher_conninfo, &signature],
+                           $1::text, $2::text, $1::text, $1::text, $4::text, $4::text, $1::text,
+                           $3::text)",
+            &[
+                &name,
+                &publisher_conninfo,
+                &signature,
+                &(if begin == Begin::CopyThenStream {
+                    "true"
+                } else {
+                    "false"
+                }),
+            ],
         )
         .await?
         .get(0);
@@ -231,6 +284,18 @@ pub(crate) async fn enable_subscription(
         .await?
         .get(0);
     target.batch_execute(&ddl).await
+}
+
+/// Moves the slot past every transaction flushed on its server so far (it must not be in use):
+/// a way back's, under the freeze, past the move's own writes on the target.
+pub(crate) async fn skip_to_now(client: &Client, name: &str) -> Result<(), tokio_postgres::Error> {
+    client
+        .execute(
+            "SELECT pg_replication_slot_advance($1, pg_current_wal_flush_lsn())",
+            &[&name],
+        )
+        .await
+        .map(|_| ())
 }
 
 /// WAL the slot keeps on the source (bytes from its restart position to the insert position),
@@ -448,18 +513,19 @@ pub(crate) async fn drop_publication(
 }
 
 /// Replication objects of moves on this shard: `(kind, name)` for every publication, slot and
-/// subscription named `sd_move_<id>` (and change tracking's publications, `sd_move_<id>_track`).
+/// subscription named `sd_move_<id>` (change tracking's publications, `sd_move_<id>_track`, and
+/// the way back's objects, `sd_move_<id>_back`).
 pub(crate) async fn objects(
     client: &Client,
 ) -> Result<Vec<(String, String)>, tokio_postgres::Error> {
     let rows = client
         .query(
-            "SELECT 'publication', pubname::text FROM pg_publication WHERE pubname ~ '^sd_move_[0-9]+(_track)?$'
+            "SELECT 'publication', pubname::text FROM pg_publication WHERE pubname ~ '^sd_move_[0-9]+(_track|_back)?$'
              UNION ALL
-             SELECT 'slot', slot_name::text FROM pg_replication_slots WHERE slot_name ~ '^sd_move_[0-9]+$'
+             SELECT 'slot', slot_name::text FROM pg_replication_slots WHERE slot_name ~ '^sd_move_[0-9]+(_back)?$'
              UNION ALL
              SELECT 'subscription', subname::text FROM pg_subscription
-              WHERE subname ~ '^sd_move_[0-9]+$'
+              WHERE subname ~ '^sd_move_[0-9]+(_back)?$'
                 AND subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
             &[],
         )

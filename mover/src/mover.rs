@@ -95,14 +95,124 @@ impl Mover {
         target: &str,
         batch_id: Option<i64>,
     ) -> Result<MoveRecord, Failure> {
-        let mut directory = self
+        let directory = self
             .connect_directory(None)
             .await
             .map_err(Failure::untouched)?;
-        let (plan, tables, source, target) =
-            preflight(&directory, &self.overrides, &self.options, key, target)
-                .await
-                .map_err(Failure::untouched)?;
+        let checked = preflight(&directory, &self.overrides, &self.options, key, target)
+            .await
+            .map_err(Failure::untouched)?;
+        self.launch(directory, checked, &self.options, batch_id, None)
+            .await
+    }
+
+    /// Moves the entity of reversible move `move_id` back to where it came from: a move the
+    /// other way whose replication is the way back, so it copies nothing and freezes only for
+    /// its catch-up and check. Aborted, it leaves the move reversible as it was.
+    pub async fn revert(&self, move_id: i64) -> Result<MoveRecord, Failure> {
+        let directory = self
+            .connect_directory(None)
+            .await
+            .map_err(Failure::untouched)?;
+        let reversible = record::load(&directory, move_id)
+            .await
+            .at(Step::Record, Place::Directory)
+            .and_then(|r| r.ok_or(Error::UnknownMove(move_id)))
+            .map_err(Failure::untouched)?;
+        let checked = crate::preflight::revert(&directory, &self.overrides, &reversible)
+            .await
+            .map_err(Failure::untouched)?;
+        let options = MoveOptions {
+            reversible: false,
+            reversible_for: None,
+            keep_source: false,
+            ..self.options.clone()
+        };
+        self.launch(directory, checked, &options, None, Some(move_id))
+            .await
+    }
+
+    /// Ends reversible move `move_id` where it is: drops its way back and deletes the entity's
+    /// rows on its source (unless it was made with `--keep-source`). Refused while a revert of it
+    /// is under way.
+    pub async fn finalize(&self, move_id: i64) -> Result<MoveRecord, Failure> {
+        let directory = self
+            .connect_directory(Some(move_id))
+            .await
+            .map_err(|e| not_opened(move_id, e))?;
+        let reverting = directory
+            .query_opt(
+                "SELECT move_id FROM shard_directory.shard_moves \
+                 WHERE reverses = $1 AND finished_at IS NULL",
+                &[&move_id],
+            )
+            .await
+            .at(Step::Record, Place::Directory)
+            .map_err(|e| not_opened(move_id, e))?;
+        if let Some(row) = reverting {
+            let revert: i64 = row.get(0);
+            return Err(Failure::untouched(Error::State {
+                move_id,
+                phase: Phase::Reversible,
+                why: format!(
+                    "move {revert} is reverting it: `shard-directory abort {revert}` first, or let \
+                     it finish"
+                ),
+            }));
+        }
+        match record::finalize(&directory, move_id).await {
+            Ok(true) => {}
+            Ok(false) => {
+                let record = self.status(move_id).await.map_err(Failure::untouched)?;
+                if record.finalized_at.is_none() || record.phase.is_finished() {
+                    return Err(Failure::untouched(Error::State {
+                        move_id,
+                        phase: record.phase,
+                        why: "only a reversible move (made with --reversible, not reverted) can \
+                              be finalized"
+                            .into(),
+                    }));
+                }
+                // Finalized before and stopped on the way: it goes on.
+            }
+            Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
+                return Err(Failure::untouched(Error::State {
+                    move_id,
+                    phase: Phase::Reversible,
+                    why: "a revert of it has just begun: abort it first, or let it finish".into(),
+                }))
+            }
+            Err(e) => {
+                return Err(Failure::untouched(Error::Db {
+                    step: Step::Record,
+                    place: Place::Directory,
+                    source: e,
+                }))
+            }
+        }
+        drop(directory);
+        self.resume(move_id).await
+    }
+
+    /// Finalizes every reversible move whose `--reversible-for` has run out; each one's outcome.
+    pub async fn finalize_expired(&self) -> Result<Vec<Result<MoveRecord, Failure>>, Error> {
+        let expired = self.read(async |c| record::expired(c).await).await?;
+        let mut done = Vec::new();
+        for id in expired {
+            done.push(self.finalize(id).await);
+        }
+        Ok(done)
+    }
+
+    /// Records a move that preflight found possible and runs it to the end.
+    async fn launch(
+        &self,
+        mut directory: Client,
+        (plan, tables, source, target): (Plan, Vec<catalog::EntityTable>, Side, Side),
+        options: &MoveOptions,
+        batch_id: Option<i64>,
+        reverses: Option<i64>,
+    ) -> Result<MoveRecord, Failure> {
         let progress: BTreeMap<String, TableProgress> = plan
             .tables
             .iter()
@@ -114,9 +224,16 @@ impl Mover {
                 (t.clone(), p)
             })
             .collect();
-        let move_id = begin(&mut directory, &plan, &self.options, &progress, batch_id)
-            .await
-            .map_err(Failure::untouched)?;
+        let move_id = begin(
+            &mut directory,
+            &plan,
+            options,
+            &progress,
+            batch_id,
+            reverses,
+        )
+        .await
+        .map_err(Failure::untouched)?;
         let begun = Some(Phase::Migrating);
         let record = record::load(&directory, move_id)
             .await
@@ -137,7 +254,7 @@ impl Mover {
         }
         self.observer.phase(move_id, record.phase).await;
         Run::new(
-            &self.options,
+            options,
             self.observer.clone(),
             directory,
             record,
@@ -209,11 +326,11 @@ impl Mover {
             .await
             .at(Step::Record, Place::Directory)?
             .ok_or(Error::UnknownMove(move_id))?;
-        if record.phase == Phase::Done {
+        if matches!(record.phase, Phase::Done | Phase::Reverted) {
             return Err(Error::State {
                 move_id,
                 phase: record.phase,
-                why: "the move is done".into(),
+                why: format!("the move is {}", record.phase),
             });
         }
         // A run that just crashed may hold the lock until the server notices its session is gone.
@@ -299,12 +416,18 @@ impl Mover {
             .await
             .at(Step::Record, Place::Directory)?;
         let mut slot = None;
-        if record.method == record::Method::Logical && !record.phase.is_finished() {
-            let source =
-                registry::endpoint(&directory, &self.overrides, &record.source_shard).await;
-            if let Ok(endpoint) = source {
+        // A reversible move's slot is its way back's, on its target.
+        let (shard, name) = match record.phase {
+            Phase::Reversible => (&record.target_shard, logical::way_back_name(record.move_id)),
+            _ => (&record.source_shard, record.replication_name.clone()),
+        };
+        let replicating =
+            record.method == record::Method::Logical || record.phase == Phase::Reversible;
+        if replicating && !record.phase.is_finished() {
+            let endpoint = registry::endpoint(&directory, &self.overrides, shard).await;
+            if let Ok(endpoint) = endpoint {
                 if let Ok(side) = Side::connect(endpoint, None).await {
-                    slot = status::slot(&side.client, side.name(), &record.replication_name)
+                    slot = status::slot(&side.client, side.name(), &name)
                         .await
                         .at(Step::Record, side.name())?;
                 }
@@ -506,6 +629,7 @@ impl Mover {
                     let id = name
                         .trim_start_matches("sd_move_")
                         .trim_end_matches("_track")
+                        .trim_end_matches("_back")
                         .parse::<i64>()
                         .ok();
                     let Some(id) = id.filter(|id| kind == pass && *id <= newest) else {
@@ -572,6 +696,7 @@ async fn begin(
     options: &MoveOptions,
     tables: &BTreeMap<String, TableProgress>,
     batch_id: Option<i64>,
+    reverses: Option<i64>,
 ) -> Result<i64, Error> {
     let at = |e| Error::Db {
         step: Step::Begin,
@@ -579,6 +704,17 @@ async fn begin(
         source: e,
     };
     let tx = directory.transaction().await.map_err(at)?;
+    if let Some(reversible) = reverses {
+        // Held to commit: a finalize of the move waits, and then finds this revert open.
+        let (phase, _) = record::lock(&tx, reversible).await.map_err(at)?;
+        if phase != Phase::Reversible {
+            return Err(Error::State {
+                move_id: reversible,
+                phase,
+                why: "it is no longer reversible".into(),
+            });
+        }
+    }
     let inserted = record::insert(
         &tx,
         &NewMove {
@@ -592,6 +728,9 @@ async fn begin(
             target_fence: &plan.target_fence,
             tables,
             batch_id,
+            reversible: options.reversible,
+            reversible_for: options.reversible_for,
+            reverses,
         },
     )
     .await;
@@ -604,6 +743,17 @@ async fn begin(
         }
         other => other.map_err(at)?,
     };
+    if let Some(id) = record::reversible_of(&tx, &plan.entity, reverses)
+        .await
+        .map_err(at)?
+    {
+        return Err(Error::Preflight {
+            problem: format!("move {id} of {} has just become reversible", plan.entity),
+            fix: format!(
+                "`shard-directory finalize {id}` or `shard-directory revert {id}`, then move it"
+            ),
+        });
+    }
     tx.execute(
         "SELECT pg_advisory_lock($1, $2)",
         &[&MOVE_LOCK_CLASS, &lock_key(move_id)],

@@ -29,6 +29,11 @@ pub struct MoveOptions {
     pub freeze_attempts: u32,
     /// Leave the entity's rows on the source (fenced `moved`, so nobody reads or writes them).
     pub keep_source: bool,
+    /// After the cutover, replicate the entity's rows back to the source (kept there, fenced
+    /// `moved`), so that `revert` moves it back with only a freeze; `finalize` ends that.
+    pub reversible: bool,
+    /// How long a reversible move stays so: past it, `finalize --expired` finalizes it.
+    pub reversible_for: Option<Duration>,
     /// Longest time the initial copy, and the catch-up before the freeze, may take. Past it the
     /// move stops, resumable; the entity stays writable throughout.
     pub sync_timeout: Duration,
@@ -73,6 +78,8 @@ impl Default for MoveOptions {
             online_check: true,
             freeze_attempts: 3,
             keep_source: false,
+            reversible: false,
+            reversible_for: None,
             sync_timeout: Duration::from_secs(30 * 60),
             delete_batch: 10_000,
             max_rate: None,

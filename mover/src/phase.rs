@@ -20,13 +20,18 @@ pub enum Phase {
     Cutover,
     /// Source fenced `moved`; replication objects and source rows being removed.
     CleaningUp,
+    /// `--reversible`: the entity lives on the target, and its rows stream back to the source
+    /// (kept there, fenced `moved`) until `finalize` or `revert`.
+    Reversible,
     Done,
+    /// A reversible move a later move (its `revert`) took back.
+    Reverted,
     Aborting,
     Aborted,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 10] = [
+    pub const ALL: [Phase; 12] = [
         Phase::Migrating,
         Phase::Copying,
         Phase::CatchingUp,
@@ -34,7 +39,9 @@ impl Phase {
         Phase::Verified,
         Phase::Cutover,
         Phase::CleaningUp,
+        Phase::Reversible,
         Phase::Done,
+        Phase::Reverted,
         Phase::Aborting,
         Phase::Aborted,
     ];
@@ -48,7 +55,9 @@ impl Phase {
             Phase::Verified => "verified",
             Phase::Cutover => "cutover",
             Phase::CleaningUp => "cleaning_up",
+            Phase::Reversible => "reversible",
             Phase::Done => "done",
+            Phase::Reverted => "reverted",
             Phase::Aborting => "aborting",
             Phase::Aborted => "aborted",
         }
@@ -59,7 +68,7 @@ impl Phase {
     }
 
     pub fn is_finished(self) -> bool {
-        matches!(self, Phase::Done | Phase::Aborted)
+        matches!(self, Phase::Done | Phase::Reverted | Phase::Aborted)
     }
 
     /// Whether `abort` can still return everything to the start.
@@ -92,6 +101,7 @@ mod tests {
         assert!(Phase::Verified.can_abort());
         assert!(!Phase::Cutover.can_abort());
         assert!(!Phase::CleaningUp.can_abort());
+        assert!(!Phase::Reversible.can_abort() && !Phase::Reversible.is_finished());
         assert!(Phase::Aborting.can_abort());
     }
 }

@@ -148,6 +148,7 @@ pub(crate) async fn preflight(
         .await
         .at(Step::Preflight, Place::Directory)?;
     require_privileges("the directory", missing)?;
+    not_reversible(directory, key).await?;
     let entry = movable_entry(directory, key, target_name).await?;
     let source = connect(directory, overrides, &entry.shard_name).await?;
     let target = connect(directory, overrides, target_name).await?;
@@ -177,12 +178,138 @@ pub(crate) async fn preflight(
     integrity::check_crossings(&source.client, s, &tables, key, Step::Preflight).await?;
     no_rows_on_target(&target, &tables, key).await?;
     let (source_fence, target_fence) = startable_fences(&source, &target, key).await?;
+    if options.reversible {
+        way_back_possible(&source, &target, key, options).await?;
+    }
     let plan = Plan {
         entity: key.clone(),
         source: s.to_owned(),
         target: g.to_owned(),
         method,
         tables: rows_on_source(&source, &tables, key).await?,
+        source_fence,
+        target_fence,
+        warnings: unindexed_keys(&tables),
+        estimates: Vec::new(),
+    };
+    Ok((plan, tables, source, target))
+}
+
+/// `--reversible`: the way back replicates the entity's rows from the target to the source, so
+/// the logical method's needs hold the other way round (the target's `wal_level`, its replica
+/// identities, the role's privileges to publish there and subscribe on the source).
+async fn way_back_possible(
+    source: &Side,
+    target: &Side,
+    key: &EntityKey,
+    options: &MoveOptions,
+) -> Result<(), Error> {
+    let on_target = protected_tables(target, &key.entity_type).await?;
+    let logical = MoveOptions {
+        method: MethodChoice::Logical,
+        ..options.clone()
+    };
+    let checked = async {
+        method(target, source, &on_target, &logical).await?;
+        matches_on_target(
+            target,
+            source,
+            &on_target,
+            &key.entity_type,
+            Method::Logical,
+        )
+        .await
+    };
+    checked.await.map_err(|e| match e {
+        Error::Preflight { problem, fix } => Error::Preflight {
+            problem: format!(
+                "--reversible needs a way back, a logical replication from {} to {}: {problem}",
+                target.name(),
+                source.name()
+            ),
+            fix: format!("{fix}; or move without --reversible"),
+        },
+        other => other,
+    })
+}
+
+/// What a revert of reversible move `reversible` checks before it changes anything: the move is
+/// reversible, the entity active on its target, the way back there and on, the fences as the
+/// move left them. The revert's source is the move's target and its target the move's source.
+pub(crate) async fn revert(
+    directory: &Client,
+    overrides: &Overrides,
+    reversible: &crate::record::MoveRecord,
+) -> Result<(Plan, Vec<EntityTable>, Side, Side), Error> {
+    let missing = privileges::missing_on_directory(directory)
+        .await
+        .at(Step::Preflight, Place::Directory)?;
+    require_privileges("the directory", missing)?;
+    let (id, key) = (reversible.move_id, reversible.entity());
+    if reversible.phase != crate::phase::Phase::Reversible {
+        return refuse(
+            format!("move {id} of {key} is {}, not reversible", reversible.phase),
+            "only a move made with --reversible, neither finalized nor reverted, can be              reverted; move the entity back with `shard-directory move`"
+                .into(),
+        );
+    }
+    let (back_from, back_to) = (&reversible.target_shard, &reversible.source_shard);
+    let entry = movable_entry(directory, &key, back_to).await?;
+    if &entry.shard_name != back_from {
+        return refuse(
+            format!(
+                "{key} is on {}, not on {back_from} where move {id} put it",
+                entry.shard_name
+            ),
+            "someone changed the directory entry by hand; check where its rows are".into(),
+        );
+    }
+    let source = connect(directory, overrides, back_from).await?;
+    let target = connect(directory, overrides, back_to).await?;
+    let tables = protected_tables(&source, &key.entity_type).await?;
+    let logical = MoveOptions {
+        method: MethodChoice::Logical,
+        ..MoveOptions::default()
+    };
+    method(&source, &target, &tables, &logical).await?;
+    matches_on_target(&source, &target, &tables, &key.entity_type, Method::Logical).await?;
+    let name = crate::logical::way_back_name(id);
+    let state = crate::logical::sync_state(&target.client, &name)
+        .await
+        .at(Step::Preflight, target.name())?;
+    if !state.exists {
+        return refuse(
+            format!(
+                "the way back of move {id} (subscription {name} on shard {}) is gone",
+                target.name()
+            ),
+            format!(
+                "without it the rows on {back_to} are stale; `shard-directory finalize {id}`                  clears them, then move the entity with `shard-directory move`"
+            ),
+        );
+    }
+    let source_fence = fence::read(&source.client, &key)
+        .await
+        .at(Step::Preflight, source.name())?;
+    let target_fence = fence::read(&target.client, &key)
+        .await
+        .at(Step::Preflight, target.name())?;
+    let as_left = matches!(source_fence, Fence::Owned { .. })
+        && matches!(&target_fence, Fence::Moved { moved_to, .. } if moved_to == back_from);
+    if !as_left {
+        return refuse(
+            format!(
+                "{key} is fenced {source_fence} on {back_from} and {target_fence} on {back_to},                  not as move {id} left it (owned, and moved to {back_from})"
+            ),
+            "someone changed a fence by hand; check where its rows are".into(),
+        );
+    }
+    let plan = Plan {
+        entity: key.clone(),
+        source: back_from.clone(),
+        target: back_to.clone(),
+        method: Method::Logical,
+        tables: rows_on_source(&source, &tables, &key).await?,
         source_fence,
         target_fence,
         warnings: unindexed_keys(&tables),
@@ -222,6 +349,23 @@ fn require_privileges(place: &str, missing: Vec<String>) -> Result<(), Error> {
             missing.len()
         ),
         missing.join("; "),
+    )
+}
+
+/// Refuses while the entity has a reversible move: its rows still stream back to that move's
+/// source, and only `finalize` or `revert` end that.
+pub(crate) async fn not_reversible(directory: &Client, key: &EntityKey) -> Result<(), Error> {
+    let Some(id) = crate::record::reversible_of(directory, key, None)
+        .await
+        .at(Step::Preflight, Place::Directory)?
+    else {
+        return Ok(());
+    };
+    refuse(
+        format!("move {id} of {key} is reversible: its rows still stream back to its source"),
+        format!(
+            "`shard-directory finalize {id}` keeps it where it is; `shard-directory revert {id}`              takes it back; then move it"
+        ),
     )
 }
 

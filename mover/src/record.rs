@@ -90,6 +90,15 @@ pub struct MoveRecord {
     pub started_at: String,
     pub updated_at: String,
     pub finished_at: Option<String>,
+    /// Made with `--reversible`: a way back after the cutover.
+    pub reversible: bool,
+    pub reversible_for_ms: Option<i64>,
+    /// Once reversible: when `finalize --expired` may finalize it.
+    pub reversible_until: Option<String>,
+    /// When `finalize` was asked: the way back is dropped and the source cleared.
+    pub finalized_at: Option<String>,
+    /// The reversible move this one takes back (`revert`).
+    pub reverses: Option<i64>,
 }
 
 const COLUMNS: &str = r#"move_id, entity_type, entity_id, source_shard, target_shard, method, phase,
@@ -101,7 +110,10 @@ const COLUMNS: &str = r#"move_id, entity_type, entity_id, source_shard, target_s
     to_char(started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
     to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
     to_char(finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-    to_char(freeze_lease_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"#;
+    to_char(freeze_lease_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+    reversible, (extract(epoch FROM reversible_for) * 1000)::int8,
+    to_char(reversible_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+    to_char(finalized_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), reverses"#;
 
 fn json<T: serde::de::DeserializeOwned>(row: &Row, i: usize) -> T {
     serde_json::from_str(row.get(i)).expect("the record's JSON columns are written by the mover")
@@ -139,6 +151,11 @@ impl MoveRecord {
             updated_at: r.get(22),
             finished_at: r.get(23),
             freeze_lease_until: r.get(24),
+            reversible: r.get(25),
+            reversible_for_ms: r.get(26),
+            reversible_until: r.get(27),
+            finalized_at: r.get(28),
+            reverses: r.get(29),
         }
     }
 
@@ -197,6 +214,10 @@ pub(crate) struct NewMove<'a> {
     pub tables: &'a BTreeMap<String, TableProgress>,
     /// The batch (`shard_move_batches`) the move runs in, if any.
     pub batch_id: Option<i64>,
+    pub reversible: bool,
+    pub reversible_for: Option<std::time::Duration>,
+    /// The reversible move this one reverts.
+    pub reverses: Option<i64>,
 }
 
 pub(crate) async fn insert(
@@ -205,9 +226,10 @@ pub(crate) async fn insert(
 ) -> Result<i64, tokio_postgres::Error> {
     Ok(c.query_one(
         "INSERT INTO shard_directory.shard_moves (entity_type, entity_id, source_shard, target_shard, \
-             method, keep_source, max_freeze, source_fence, target_fence, tables, batch_id) \
+             method, keep_source, max_freeze, source_fence, target_fence, tables, batch_id, \
+             reversible, reversible_for, reverses) \
          VALUES ($1, $2, $3, $4, $5, $6, make_interval(secs => $7), $8::text::jsonb, $9::text::jsonb, \
-                 $10::text::jsonb, $11) \
+                 $10::text::jsonb, $11, $12, make_interval(secs => $13), $14) \
          RETURNING move_id",
         &[
             &m.entity.entity_type,
@@ -221,6 +243,9 @@ pub(crate) async fn insert(
             &to_json(m.target_fence),
             &to_json(m.tables),
             &m.batch_id,
+            &m.reversible,
+            &m.reversible_for.map(|d| d.as_secs_f64()),
+            &m.reverses,
         ],
     )
     .await?
@@ -245,7 +270,9 @@ pub(crate) async fn set_phase(
     let n = c
         .execute(
             "UPDATE shard_directory.shard_moves SET phase = $3, updated_at = now(), \
-                 finished_at = CASE WHEN $3 IN ('done', 'aborted') THEN now() END, \
+                 finished_at = CASE WHEN $3 IN ('done', 'reverted', 'aborted') THEN now() END, \
+                 reversible_until = CASE WHEN $3 = 'reversible' THEN now() + reversible_for \
+                     ELSE reversible_until END, \
                  max_freeze_seen = CASE WHEN $3 IN ('cutover', 'aborted') AND freeze_started_at IS NOT NULL \
                      THEN greatest(coalesce(max_freeze_seen, '0'), clock_timestamp() - freeze_started_at) \
                      ELSE max_freeze_seen END, \
@@ -275,6 +302,54 @@ pub(crate) async fn lock(
         Phase::parse(row.get(0)).expect("the phase CHECK constraint lists the phases"),
         row.get(1),
     ))
+}
+
+/// The entity's reversible move other than `besides`, if it has one: no other move of the entity
+/// may begin while it is (a move's record is inserted first, then this is asked, so a move that
+/// became reversible meanwhile is seen).
+pub(crate) async fn reversible_of(
+    c: &impl GenericClient,
+    key: &shard_directory_protocol::EntityKey,
+    besides: Option<i64>,
+) -> Result<Option<i64>, tokio_postgres::Error> {
+    Ok(c.query_opt(
+        "SELECT move_id FROM shard_directory.shard_moves \
+             WHERE entity_type = $1 AND entity_id = $2 AND phase = 'reversible' \
+               AND move_id IS DISTINCT FROM $3",
+        &[&key.entity_type, &key.entity_id, &besides],
+    )
+    .await?
+    .map(|r| r.get(0)))
+}
+
+/// Asks reversible move `move_id` to finalize: back to `cleaning_up`, which now drops its way
+/// back and clears its source. Refused (`false`) unless it is reversible.
+pub(crate) async fn finalize(
+    c: &impl GenericClient,
+    move_id: i64,
+) -> Result<bool, tokio_postgres::Error> {
+    let n = c
+        .execute(
+            "UPDATE shard_directory.shard_moves \
+             SET phase = 'cleaning_up', finalized_at = now(), updated_at = now() \
+             WHERE move_id = $1 AND phase = 'reversible'",
+            &[&move_id],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+/// The reversible moves whose `reversible_until` has passed.
+pub(crate) async fn expired(c: &impl GenericClient) -> Result<Vec<i64>, tokio_postgres::Error> {
+    Ok(c.query(
+        "SELECT move_id FROM shard_directory.shard_moves \
+             WHERE phase = 'reversible' AND reversible_until < now() ORDER BY move_id",
+        &[],
+    )
+    .await?
+    .iter()
+    .map(|r| r.get(0))
+    .collect())
 }
 
 pub(crate) async fn set_tables(

@@ -156,7 +156,9 @@ impl<'m> Run<'m> {
     pub(crate) async fn drive(mut self) -> Result<MoveRecord, Failure> {
         loop {
             let result = match self.record.phase {
-                Phase::Done | Phase::Aborted => return Ok(self.record),
+                Phase::Done | Phase::Reverted | Phase::Aborted | Phase::Reversible => {
+                    return Ok(self.record)
+                }
                 Phase::Aborting => self.abort().await,
                 phase => self.step(phase).await,
             };
@@ -267,12 +269,23 @@ impl<'m> Run<'m> {
             }
             (Phase::CleaningUp, _) => {
                 self.drop_replication(Step::DropReplication).await?;
+                if self.record.reversible && self.record.finalized_at.is_none() {
+                    return self.open_way_back().await;
+                }
+                self.drop_way_back(Step::DropReplication).await?;
                 if !self.record.keep_source {
                     self.delete_rows_on_source().await?;
                 }
                 self.enter(Phase::Done).await
             }
-            (Phase::Done | Phase::Aborting | Phase::Aborted, _) => {
+            (
+                Phase::Reversible
+                | Phase::Done
+                | Phase::Reverted
+                | Phase::Aborting
+                | Phase::Aborted,
+                _,
+            ) => {
                 unreachable!("drive handles the final phases")
             }
         }
@@ -445,9 +458,26 @@ impl<'m> Run<'m> {
                 record::start_freeze(&tx, id, lease).await.map_err(at)?;
             }
             DirectoryStep::Thaw => record::end_freeze(&tx, id).await.map_err(at)?,
-            DirectoryStep::Complete => record::set_versions(&tx, id, None, Some(version))
-                .await
-                .map_err(at)?,
+            DirectoryStep::Complete => {
+                record::set_versions(&tx, id, None, Some(version))
+                    .await
+                    .map_err(at)?;
+                if let Some(reversible) = self.record.reverses {
+                    let (from, to) = (Phase::Reversible, Phase::Reverted);
+                    if !record::set_phase(&tx, reversible, from, to)
+                        .await
+                        .map_err(at)?
+                    {
+                        return Err(Error::State {
+                            move_id: id,
+                            phase: self.record.phase,
+                            why: format!(
+                                "move {reversible}, which this one reverts, is no longer                                  reversible (finalized meanwhile?)"
+                            ),
+                        });
+                    }
+                }
+            }
             DirectoryStep::Abort => {}
         }
         if !record::set_phase(&tx, id, from, phase).await.map_err(at)? {
@@ -502,6 +532,7 @@ impl<'m> Run<'m> {
             &self.source.endpoint.replication_conninfo,
             &signature,
             self.options.fence_patience,
+            logical::Begin::CopyThenStream,
         )
         .await;
         subscription.map_err(|t| {
@@ -820,6 +851,9 @@ impl<'m> Run<'m> {
     /// From here an error aborts the move; a source fence that cannot commit undoes the freeze
     /// instead, keeping the copy.
     async fn freeze(&mut self) -> Result<(), Error> {
+        if self.record.reversible {
+            self.ensure_way_back().await?;
+        }
         self.wait_for_open_checks().await?;
         self.deadline = Some(Instant::now() + max_freeze(&self.record));
         self.directory_step(DirectoryStep::Freeze, Phase::Frozen)
@@ -1113,6 +1147,17 @@ impl<'m> Run<'m> {
                 limit: max_freeze(&self.record),
             });
         }
+        if self.record.reversible {
+            let target = self.target(Step::WayBack)?;
+            let name = logical::way_back_name(self.id());
+            let skipped = async {
+                logical::skip_to_now(&target.client, &name)
+                    .await
+                    .at(Step::WayBack, target.name())
+            };
+            let limit = max_freeze(&self.record);
+            within(deadline, limit, Step::WayBack, skipped).await?;
+        }
         let fence = fence::read(&self.source.client, &self.key)
             .await
             .at(Step::Cutover, self.source.name())?;
@@ -1133,7 +1178,8 @@ impl<'m> Run<'m> {
         Ok(())
     }
 
-    /// Drops the subscription (on the target) and the slot and publication (on the source).
+    /// Drops the subscription (on the target) and the slot and publication (on the source), and
+    /// change tracking's on both.
     async fn drop_replication(&self, step: Step) -> Result<(), Error> {
         if self.record.method != Method::Logical {
             return Ok(());
@@ -1143,15 +1189,75 @@ impl<'m> Run<'m> {
         logical::drop_subscription(&target.client, name)
             .await
             .at(step, target.name())?;
-        tracking::drop(&target.client, self.id())
-            .await
-            .at(step, target.name())?;
         logical::drop_publication(&self.source.client, name)
             .await
             .at(step, self.source.name())?;
+        self.drop_tracking(step).await
+    }
+
+    async fn drop_tracking(&self, step: Step) -> Result<(), Error> {
+        let target = self.target(step)?;
+        tracking::drop(&target.client, self.id())
+            .await
+            .at(step, target.name())?;
         tracking::drop(&self.source.client, self.id())
             .await
             .at(step, self.source.name())
+    }
+
+    /// `--reversible`: the way back, made before the freeze (its slot waits for the target's
+    /// transactions in progress, which must not be under the freeze) and left off until the
+    /// forward replication is gone.
+    async fn ensure_way_back(&self) -> Result<(), Error> {
+        let (id, step) = (self.id(), Step::WayBack);
+        let name = logical::way_back_name(id);
+        let target = self.target(step)?;
+        let (from, to) = (&self.record.target_shard, &self.record.source_shard);
+        let signature = logical::way_back_signature(id, &self.key, from, to);
+        let (tables, entity_id) = (&self.tables, &self.key.entity_id);
+        logical::ensure_publication(&target.client, &name, tables, entity_id, &signature)
+            .await
+            .map_err(|t| self.replication_trouble(step, from, t, "the way back's publication"))?;
+        logical::ensure_subscription(
+            &target.client,
+            &self.source.client,
+            &name,
+            &target.endpoint.replication_conninfo,
+            &signature,
+            self.options.fence_patience,
+            logical::Begin::Off,
+        )
+        .await
+        .map_err(|t| {
+            let what = format!("creating replication slot {name}");
+            self.replication_trouble(step, from, t, &what)
+        })
+    }
+
+    /// After the cutover, the forward replication dropped: the way back turned on, and the move
+    /// reversible (until `reversible_until`, when it has one).
+    async fn open_way_back(&mut self) -> Result<(), Error> {
+        let name = logical::way_back_name(self.id());
+        logical::enable_subscription(&self.source.client, &name)
+            .await
+            .at(Step::WayBack, self.source.name())?;
+        self.enter(Phase::Reversible).await
+    }
+
+    /// Drops the way back, when the move is reversible: its subscription on the source, its
+    /// slot and publication on the target.
+    async fn drop_way_back(&self, step: Step) -> Result<(), Error> {
+        if !self.record.reversible {
+            return Ok(());
+        }
+        let name = logical::way_back_name(self.id());
+        logical::drop_subscription(&self.source.client, &name)
+            .await
+            .at(step, self.source.name())?;
+        let target = self.target(step)?;
+        logical::drop_publication(&target.client, &name)
+            .await
+            .at(step, target.name())
     }
 
     async fn delete_rows_on_source(&mut self) -> Result<(), Error> {
@@ -1200,7 +1306,17 @@ impl<'m> Run<'m> {
         self.deadline = None;
         let target = self.target(Step::Abort)?;
         target.end_other_sessions(id).await?;
+        if self.record.reverses.is_some() {
+            // A revert's replication and the rows on its target are the reversible move's way
+            // back: they stay, and the target's fence goes back to `moved`.
+            self.drop_tracking(Step::Abort).await?;
+            let before = self.record.target_fence.clone();
+            self.set_fence_patiently(target, &before, Step::Abort)
+                .await?;
+            return self.enter(Phase::Aborted).await;
+        }
         self.drop_replication(Step::Abort).await?;
+        self.drop_way_back(Step::Abort).await?;
         let version = entry::current_version(&self.directory)
             .await
             .at(Step::Abort, Place::Directory)?;

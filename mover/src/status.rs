@@ -17,7 +17,8 @@ pub struct MoveStatus {
     pub record: MoveRecord,
     /// The process that holds the move's lock, if one does.
     pub driver: Option<Driver>,
-    /// The move's slot on the source, while it exists (logical moves).
+    /// The move's slot on the source, while it exists (logical moves); a reversible move's way
+    /// back's, on its target (not `active`: the way back is not streaming).
     pub slot: Option<Slot>,
 }
 

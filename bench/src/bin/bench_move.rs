@@ -3,7 +3,9 @@
 //! (writes refused) and the total time of each method, p50 over `BENCH_MOVES` moves each (5 by
 //! default), side by side. The copy method's rows/s is compared with a plain binary
 //! `COPY ... TO STDOUT` -> `COPY ... FROM STDIN` of the same rows between the same clusters,
-//! measured in the same run.
+//! measured in the same run. Then, as many times, a `--reversible` logical move and its
+//! `revert`: the revert's freeze and total time beside a plain logical move's (it copies nothing:
+//! the way back kept the source's rows current).
 //!
 //! Run with `bash scripts/bench.sh move` (installs a release build first).
 
@@ -14,7 +16,7 @@ use futures_util::future::BoxFuture;
 use futures_util::{SinkExt, StreamExt};
 use shard_directory_client::{DirectoryConfig, EntityKey};
 use shard_directory_e2e::Topology;
-use shard_directory_mover::{MethodChoice, MoveOptions, Observer, Phase};
+use shard_directory_mover::{MethodChoice, MoveOptions, MoveRecord, Observer, Phase};
 use tokio::sync::watch;
 
 const ORDERS: i64 = 50_000;
@@ -45,9 +47,21 @@ impl Observer for Clock {
     }
 }
 
-/// One move: its method, freeze time, total time, and (copy) its copy step with the rows copied.
+/// How a measured move was made.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    Logical,
+    Copy,
+    /// A logical move made with `--reversible`.
+    Reversible,
+    /// The revert of a reversible move.
+    Revert,
+}
+
+/// One move: how it was made, freeze time, total time, and (copy) its copy step with the rows
+/// copied.
 struct Measured {
-    method: MethodChoice,
+    kind: Kind,
     freeze: Duration,
     total: Duration,
     copy: Option<(Duration, i64)>,
@@ -93,6 +107,55 @@ async fn plain_copy(t: &Topology, from: &str, to: &str) -> (Duration, u64) {
         rows += sink.as_mut().finish().await.unwrap();
     }
     (start.elapsed(), rows)
+}
+
+fn other(shard: &str) -> &'static str {
+    if shard == "shard_1" {
+        "shard_2"
+    } else {
+        "shard_1"
+    }
+}
+
+/// Moves tenant 'big' from `at` to `to` (or reverts move `reverts`), timing it.
+async fn measure(
+    t: &Topology,
+    options: MoveOptions,
+    kind: Kind,
+    at: &str,
+    to: &str,
+    reverts: Option<i64>,
+) -> (MoveRecord, Measured) {
+    let timings = Arc::new(Mutex::new(Timings::default()));
+    let mover = t
+        .mover(options)
+        .with_observer(Arc::new(Clock(timings.clone())));
+    let start = Instant::now();
+    let record = match reverts {
+        Some(id) => mover.revert(id).await,
+        None => mover.start(&EntityKey::new("tenant", "big"), to).await,
+    }
+    .unwrap_or_else(|e| panic!("{e}"));
+    let total = start.elapsed();
+    let freeze = record.freeze_time().expect("recorded");
+    let copy = {
+        let t = timings.lock().unwrap();
+        let rows: i64 = record.tables.values().filter_map(|p| p.verified).sum();
+        t.frozen.zip(t.copied).map(|(a, b)| (b - a, rows))
+    };
+    println!(
+        "  move {} {kind:?} {at} -> {to}: freeze {}, total {}",
+        record.move_id,
+        ms(freeze),
+        ms(total)
+    );
+    let measured = Measured {
+        kind,
+        freeze,
+        total,
+        copy,
+    };
+    (record, measured)
 }
 
 #[tokio::main]
@@ -145,74 +208,52 @@ async fn main() {
         let mut results: Vec<Measured> = Vec::new();
         let mut at = "shard_1";
         for i in 0..2 * moves {
-            let method = if i % 2 == 0 {
-                MethodChoice::Logical
+            let (method, kind) = if i % 2 == 0 {
+                (MethodChoice::Logical, Kind::Logical)
             } else {
-                MethodChoice::Copy
+                (MethodChoice::Copy, Kind::Copy)
             };
-            let to = if at == "shard_1" {
-                "shard_2"
-            } else {
-                "shard_1"
+            let to = other(at);
+            let options = MoveOptions {
+                method,
+                ..Default::default()
             };
-            let timings = Arc::new(Mutex::new(Timings::default()));
-            let mover = t
-                .mover(MoveOptions {
-                    method,
-                    ..Default::default()
-                })
-                .with_observer(Arc::new(Clock(timings.clone())));
-            let start = Instant::now();
-            let record = mover
-                .start(&EntityKey::new("tenant", "big"), to)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-            let total = start.elapsed();
-            let freeze = record.freeze_time().expect("recorded");
-            let t = timings.lock().unwrap();
-            let rows: i64 = record.tables.values().filter_map(|p| p.verified).sum();
-            let copy = t.frozen.zip(t.copied).map(|(a, b)| (b - a, rows));
-            println!(
-                "  move {:>2} {:?} {at} -> {to}: freeze {}, total {}",
-                i + 1,
-                method,
-                ms(freeze),
-                ms(total)
-            );
-            results.push(Measured {
-                method,
-                freeze,
-                total,
-                copy,
-            });
+            results.push(measure(&t, options, kind, at, to, None).await.1);
             at = to;
         }
-        let plain = plain_copy(
-            &t,
-            at,
-            if at == "shard_1" {
-                "shard_2"
-            } else {
-                "shard_1"
-            },
-        )
-        .await;
+        for _ in 0..moves {
+            let to = other(at);
+            let options = MoveOptions {
+                method: MethodChoice::Logical,
+                reversible: true,
+                ..Default::default()
+            };
+            let (there, measured) = measure(&t, options, Kind::Reversible, at, to, None).await;
+            results.push(measured);
+            let back = Some(there.move_id);
+            let (_, measured) =
+                measure(&t, MoveOptions::default(), Kind::Revert, to, at, back).await;
+            results.push(measured);
+        }
+        let plain = plain_copy(&t, at, other(at)).await;
         stop.send(true).unwrap();
         (results, plain)
     };
     let ((results, plain), (acked, refused)) = tokio::join!(bench, writer);
 
-    let of = |m: MethodChoice| results.iter().filter(move |r| r.method == m);
-    let (lf, lt) = (
-        p50(of(MethodChoice::Logical).map(|r| r.freeze).collect()),
-        p50(of(MethodChoice::Logical).map(|r| r.total).collect()),
-    );
-    let (cf, ct) = (
-        p50(of(MethodChoice::Copy).map(|r| r.freeze).collect()),
-        p50(of(MethodChoice::Copy).map(|r| r.total).collect()),
-    );
+    let of = |k: Kind| results.iter().filter(move |r| r.kind == k);
+    let p50s = |k: Kind| {
+        (
+            p50(of(k).map(|r| r.freeze).collect()),
+            p50(of(k).map(|r| r.total).collect()),
+        )
+    };
+    let (lf, lt) = p50s(Kind::Logical);
+    let (cf, ct) = p50s(Kind::Copy);
+    let (rf, rt) = p50s(Kind::Reversible);
+    let (bf, bt) = p50s(Kind::Revert);
     let copy_rate = |(d, rows): (Duration, i64)| rows as f64 / d.as_secs_f64();
-    let mut rates: Vec<f64> = of(MethodChoice::Copy)
+    let mut rates: Vec<f64> = of(Kind::Copy)
         .filter_map(|r| r.copy)
         .map(copy_rate)
         .collect();
@@ -227,10 +268,17 @@ async fn main() {
     println!("|---|---|---|");
     println!("| logical | {} | {} |", ms(lf), ms(lt));
     println!("| copy | {} | {} |", ms(cf), ms(ct));
+    println!("| logical --reversible | {} | {} |", ms(rf), ms(rt));
+    println!("| its revert | {} | {} |", ms(bf), ms(bt));
     println!(
         "freeze logical / copy: {:.2}x; total logical / copy: {:.2}x",
         lf.as_secs_f64() / cf.as_secs_f64(),
         lt.as_secs_f64() / ct.as_secs_f64()
+    );
+    println!(
+        "revert / logical move: freeze {:.2}x, total {:.2}x",
+        bf.as_secs_f64() / lf.as_secs_f64(),
+        bt.as_secs_f64() / lt.as_secs_f64()
     );
     println!(
         "copy method: {copy_p50:.0} rows/s in its copy step (p50); plain binary COPY of the same \

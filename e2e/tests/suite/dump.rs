@@ -22,12 +22,13 @@ async fn rows(c: &Client, table: &str) -> Vec<String> {
 }
 
 /// The directory's tables.
-const DIRECTORY_TABLES: [&str; 5] = [
+const DIRECTORY_TABLES: [&str; 6] = [
     "shards",
     "shard_directory",
     "shard_directory_version",
     "shard_directory_history",
     "shard_moves",
+    "shard_move_batches",
 ];
 
 /// Runs `command`, asserting it succeeds.
@@ -71,7 +72,8 @@ fn dump_and_restore(cluster: &Cluster, source: &str, target: &str) {
     );
 }
 
-/// Shards, entries (one mid-move, one frozen, one moved, one deleted) and a move record.
+/// Shards, entries (one mid-move, one frozen, one moved, one deleted), a move of a batch, and a
+/// reversible move with its revert under way.
 async fn seed_directory(d: &Client) {
     d.batch_execute(
         "SET search_path = shard_directory;
@@ -84,8 +86,13 @@ async fn seed_directory(d: &Client) {
          SELECT begin_move('tenant', '4', 'shard_2');
          SELECT begin_move('tenant', '5', 'shard_2'); SELECT freeze('tenant', '5'); SELECT complete_move('tenant', '5');
          DELETE FROM shard_directory WHERE entity_id = '6';
-         INSERT INTO shard_moves (entity_type, entity_id, source_shard, target_shard, method, max_freeze, source_fence, target_fence)
-             VALUES ('tenant', '4', 'shard_1', 'shard_2', 'copy', '5 s', '{}', '{}');",
+         INSERT INTO shard_move_batches (purpose, plan, parallel, per_shard) VALUES ('drain shard_1', '{}', 2, 1);
+         INSERT INTO shard_moves (entity_type, entity_id, source_shard, target_shard, method, max_freeze, source_fence, target_fence, batch_id)
+             VALUES ('tenant', '4', 'shard_1', 'shard_2', 'copy', '5 s', '{}', '{}', 1);
+         INSERT INTO shard_moves (entity_type, entity_id, source_shard, target_shard, method, max_freeze, source_fence, target_fence, phase, reversible)
+             VALUES ('tenant', '7', 'shard_1', 'shard_2', 'logical', '5 s', '{}', '{}', 'reversible', true);
+         INSERT INTO shard_moves (entity_type, entity_id, source_shard, target_shard, method, max_freeze, source_fence, target_fence, reverses)
+             VALUES ('tenant', '7', 'shard_2', 'shard_1', 'logical', '5 s', '{}', '{}', 2);",
     )
     .await
     .unwrap();

@@ -14,6 +14,7 @@ mod mover;
 mod mover_batch;
 mod mover_faults;
 mod mover_privileges;
+mod mover_reversible;
 mod mover_schemas;
 mod mover_tls;
 mod proof;

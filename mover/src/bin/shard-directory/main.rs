@@ -135,6 +135,15 @@ enum Command {
         /// `purge-source` deletes them later.
         #[arg(long)]
         keep_source: bool,
+        /// Keep a way back after the cutover: the entity's rows replicate from the target back
+        /// to the source (kept there, fenced) until `finalize`; `revert` moves it back with only
+        /// a short freeze. Needs the logical method's settings the other way round too.
+        #[arg(long)]
+        reversible: bool,
+        /// With --reversible: how long the way back is kept; past it, `finalize --expired`
+        /// finalizes the move (run it from cron).
+        #[arg(long, value_parser = humantime::parse_duration, requires = "reversible")]
+        reversible_for: Option<Duration>,
         /// Method logical: compare every row under the freeze instead of online (then, under
         /// the freeze, only the rows changed since); needs no slot or publication on the target.
         #[arg(long)]
@@ -191,6 +200,16 @@ enum Command {
     },
     /// Continue a move from where it stopped.
     Resume { move_id: i64 },
+    /// Move the entity of a reversible move back where it came from (only a short freeze).
+    Revert { move_id: i64 },
+    /// End a reversible move where it is: drop its way back, delete the source's rows.
+    Finalize {
+        #[arg(required_unless_present = "expired", conflicts_with = "expired")]
+        move_id: Option<i64>,
+        /// Every reversible move whose --reversible-for has run out.
+        #[arg(long)]
+        expired: bool,
+    },
     /// Return a move to its start (not once it has passed complete_move).
     Abort { move_id: i64 },
     /// One move (with who drives it and what its slot keeps), or the open ones.
@@ -375,6 +394,21 @@ fn summary(r: &MoveRecord) -> String {
             s.push_str(&format!(" ({rate} rows/s, {eta} s left)"));
         }
     }
+    if r.phase == Phase::Reversible {
+        s.push_str(&format!(
+            "\n  reversible{}: its rows stream back to {}; `revert {}` takes it back, \
+             `finalize {}` ends that",
+            r.reversible_until
+                .as_deref()
+                .map_or(String::new(), |u| format!(" until {u}")),
+            r.source_shard,
+            r.move_id,
+            r.move_id
+        ));
+    }
+    if let Some(reversible) = r.reverses {
+        s.push_str(&format!("\n  reverts move {reversible}"));
+    }
     if let Some(e) = &r.last_error {
         s.push_str(&format!("\n  last error: {e}"));
     }
@@ -500,7 +534,7 @@ async fn run_to_the_end(
                 .await
                 .map_err(untouched)?
                 .into_iter()
-                .find(|r| r.entity() == *key)
+                .find(|r| r.entity() == *key && r.phase != Phase::Reversible)
                 .map(|r| r.move_id),
             None => None,
         },
@@ -565,6 +599,8 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
         method,
         max_freeze,
         keep_source,
+        reversible,
+        reversible_for,
         no_online_check,
         freeze_attempts,
         unrelated_tables,
@@ -579,6 +615,8 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
         };
         options.max_freeze = *max_freeze;
         options.keep_source = *keep_source;
+        options.reversible = *reversible;
+        options.reversible_for = *reversible_for;
         options.online_check = !*no_online_check;
         options.freeze_attempts = *freeze_attempts;
     }
@@ -653,6 +691,35 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
             let work = mover.resume(move_id);
             report(run_to_the_end(&mover, &progress, None, work).await, as_json)?;
         }
+        Command::Revert { move_id } => {
+            let key = mover.status(move_id).await?.entity();
+            let work = mover.revert(move_id);
+            report(
+                run_to_the_end(&mover, &progress, Some(&key), work).await,
+                as_json,
+            )?;
+        }
+        Command::Finalize {
+            move_id: Some(move_id),
+            ..
+        } => {
+            let work = mover.finalize(move_id);
+            report(run_to_the_end(&mover, &progress, None, work).await, as_json)?;
+        }
+        Command::Finalize { move_id: None, .. } => {
+            // Each finalized in turn; the last failure (each printed) is the exit code.
+            let mut last = Ok(());
+            for result in mover.finalize_expired().await? {
+                if let Err(Outcome::Failed(code, message)) = report(result, as_json) {
+                    eprintln!("shard-directory: {message}");
+                    last = Err(Outcome::Failed(
+                        code,
+                        "a move could not be finalized".into(),
+                    ));
+                }
+            }
+            last?;
+        }
         Command::Abort { move_id } => report(mover.abort(move_id).await, as_json)?,
         Command::PurgeSource { move_id } => {
             let record = mover.purge_source(move_id).await?;
@@ -674,11 +741,16 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
                     }
                     if let Some(s) = &status.slot {
                         println!(
-                            "  slot {} on {} keeps {} bytes of WAL ({})",
+                            "  slot {} on {} keeps {} bytes of WAL ({}, {})",
                             s.name,
                             s.shard,
                             s.retained_wal_bytes,
-                            s.wal_status.as_deref().unwrap_or("?")
+                            s.wal_status.as_deref().unwrap_or("?"),
+                            if s.active {
+                                "streaming"
+                            } else {
+                                "not streaming"
+                            }
                         );
                     }
                 }
