@@ -3,10 +3,13 @@
 //! and edit before `move --from-file` runs it ([`crate::batch`]).
 //!
 //! The rules every plan keeps: an entity with a region moves only to a shard of that region; an
-//! entity never moves twice; the heaviest entities are placed first, each on the allowed shard
-//! that would weigh least, so the result is deterministic for the same sizes.
+//! entity never moves twice; an entity whose move would freeze it longer than the fleet's
+//! `max_freeze` is not moved but listed in the plan's `skipped`; the heaviest entities are placed
+//! first, each on the allowed shard that would weigh least, so the result is deterministic for
+//! the same sizes.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use shard_directory_protocol::EntityKey;
@@ -28,6 +31,26 @@ pub struct Placed {
     pub shard: String,
     pub region: Option<String>,
     pub size: Size,
+    /// The freeze a move of it is expected to take, when that grows with its size (`None`: a
+    /// logical move with the online check, whose freeze does not).
+    pub freeze: Option<Duration>,
+}
+
+impl Placed {
+    fn fits(&self, max_freeze: Duration) -> bool {
+        self.freeze.is_none_or(|f| f <= max_freeze)
+    }
+}
+
+/// An entity a plan leaves where it is: its move's freeze is expected to outlast `max_freeze`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Skipped {
+    pub entity_type: String,
+    pub entity_id: String,
+    pub shard: String,
+    pub rows: i64,
+    /// The expected freeze, in milliseconds.
+    pub freeze_ms: u64,
 }
 
 /// One move of a plan.
@@ -63,6 +86,9 @@ pub struct BatchPlan {
     #[serde(default)]
     pub shards: BTreeMap<String, Totals>,
     pub moves: Vec<PlannedMove>,
+    /// Entities the plan would have moved but whose freeze would outlast `--max-freeze`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<Skipped>,
 }
 
 fn by_bytes() -> Weigh {
@@ -81,6 +107,8 @@ pub struct Totals {
 pub struct Fleet {
     pub shards: Vec<ShardInfo>,
     pub entities: Vec<Placed>,
+    /// The longest freeze a plan may ask of one move.
+    pub max_freeze: Duration,
 }
 
 impl Fleet {
@@ -94,8 +122,29 @@ impl Fleet {
             })
     }
 
-    fn on(&self, shard: &str) -> Vec<&Placed> {
-        self.entities.iter().filter(|e| e.shard == shard).collect()
+    /// The entities of `shard` a plan may move, and those it must leave (their freeze would
+    /// outlast `max_freeze`).
+    fn on(&self, shard: &str) -> (Vec<&Placed>, Vec<Skipped>) {
+        self.movable(self.entities.iter().filter(|e| e.shard == shard))
+    }
+
+    fn movable<'a>(
+        &self,
+        entities: impl Iterator<Item = &'a Placed>,
+    ) -> (Vec<&'a Placed>, Vec<Skipped>) {
+        let (fit, over): (Vec<&Placed>, Vec<&Placed>) =
+            entities.partition(|e| e.fits(self.max_freeze));
+        let skipped = over
+            .into_iter()
+            .map(|e| Skipped {
+                entity_type: e.key.entity_type.clone(),
+                entity_id: e.key.entity_id.clone(),
+                shard: e.shard.clone(),
+                rows: e.size.rows,
+                freeze_ms: e.freeze.map_or(0, |f| f.as_millis() as u64),
+            })
+            .collect();
+        (fit, skipped)
     }
 
     /// Each shard's total now.
@@ -111,7 +160,13 @@ impl Fleet {
         totals
     }
 
-    fn plan(&self, purpose: String, by: Weigh, moves: Vec<PlannedMove>) -> BatchPlan {
+    fn plan(
+        &self,
+        purpose: String,
+        by: Weigh,
+        moves: Vec<PlannedMove>,
+        skipped: Vec<Skipped>,
+    ) -> BatchPlan {
         let before = self.totals();
         let mut after = before.clone();
         let mut count: BTreeMap<String, (usize, usize)> = BTreeMap::new();
@@ -150,6 +205,7 @@ impl Fleet {
             by,
             shards,
             moves,
+            skipped,
         }
     }
 }
@@ -214,8 +270,9 @@ pub fn drain(fleet: &Fleet, shard: &str, to: &[String], by: Weigh) -> Result<Bat
             l.1 += 1;
         }
     }
+    let (movable, skipped) = fleet.on(shard);
     let mut moves = Vec::new();
-    for e in heaviest_first(fleet.on(shard), by) {
+    for e in heaviest_first(movable, by) {
         let Some(best) = targets.iter().filter(|t| allowed(e, t)).min_by(|a, b| {
             let (la, lb) = (load[a.name.as_str()], load[b.name.as_str()]);
             la.0.total_cmp(&lb.0).then(la.1.cmp(&lb.1))
@@ -235,7 +292,7 @@ pub fn drain(fleet: &Fleet, shard: &str, to: &[String], by: Weigh) -> Result<Bat
         moves.push(planned(e, &best.name));
     }
     let purpose = format!("drain {shard}");
-    Ok(fleet.plan(purpose, by, moves))
+    Ok(fleet.plan(purpose, by, moves, skipped))
 }
 
 /// About `fraction` of `shard`'s weight moved to `to`: the heaviest entities that still fit in
@@ -255,11 +312,16 @@ pub fn split(
             fix: "a fraction between 0 and 1, and a shard other than the one split".into(),
         });
     }
-    let entities = fleet.on(shard);
-    let total: f64 = entities.iter().map(|e| e.size.weight(by)).sum();
-    let mut left = total * fraction;
+    let all: f64 = fleet
+        .entities
+        .iter()
+        .filter(|e| e.shard == shard)
+        .map(|e| e.size.weight(by))
+        .sum();
+    let (movable, skipped) = fleet.on(shard);
+    let mut left = all * fraction;
     let mut moves = Vec::new();
-    for e in heaviest_first(entities, by) {
+    for e in heaviest_first(movable, by) {
         let w = e.size.weight(by);
         if w <= left && allowed(e, target) {
             left -= w;
@@ -267,7 +329,7 @@ pub fn split(
         }
     }
     let purpose = format!("split {shard} --to {to} --fraction {fraction}");
-    Ok(fleet.plan(purpose, by, moves))
+    Ok(fleet.plan(purpose, by, moves, skipped))
 }
 
 /// The shards evened out: while the heaviest shard is more than `tolerance` (a fraction) above
@@ -304,7 +366,7 @@ pub fn rebalance(
         let mut best: Option<(usize, &ShardInfo, f64)> = None;
         for (i, e) in placed.iter().enumerate() {
             let w = e.size.weight(by);
-            if moved[i] || e.shard != heaviest || w <= 0.0 {
+            if moved[i] || e.shard != heaviest || w <= 0.0 || !e.fits(fleet.max_freeze) {
                 continue;
             }
             let lightest = fleet
@@ -334,7 +396,8 @@ pub fn rebalance(
         placed[i].shard = t.name.clone();
         moved[i] = true;
     }
-    Ok(fleet.plan("rebalance".into(), by, moves))
+    let (_, skipped) = fleet.movable(fleet.entities.iter());
+    Ok(fleet.plan("rebalance".into(), by, moves, skipped))
 }
 
 #[cfg(test)]
@@ -358,6 +421,15 @@ mod unit {
                 bytes,
                 load: 0.0,
             },
+            freeze: None,
+        }
+    }
+
+    fn fleet_of(shards: Vec<ShardInfo>, entities: Vec<Placed>) -> Fleet {
+        Fleet {
+            shards,
+            entities,
+            max_freeze: Duration::from_secs(10),
         }
     }
 
@@ -370,19 +442,19 @@ mod unit {
 
     #[test]
     fn a_drain_moves_everything_heaviest_first_to_the_lightest_shard_of_its_region() {
-        let fleet = Fleet {
-            shards: vec![
+        let fleet = fleet_of(
+            vec![
                 shard("s1", Some("eu")),
                 shard("s2", Some("eu")),
                 shard("s3", Some("us")),
             ],
-            entities: vec![
+            vec![
                 entity("a", "s1", None, 500),
                 entity("b", "s1", Some("eu"), 400),
                 entity("c", "s1", None, 300),
                 entity("d", "s2", None, 100),
             ],
-        };
+        );
         let plan = drain(&fleet, "s1", &[], Weigh::Bytes).unwrap();
         assert_eq!(moves(&plan), [("a", "s3"), ("b", "s2"), ("c", "s3")]);
         assert_eq!(plan.shards["s1"].after.bytes, 0);
@@ -398,14 +470,14 @@ mod unit {
 
     #[test]
     fn a_split_moves_about_the_fraction_without_overshooting() {
-        let fleet = Fleet {
-            shards: vec![shard("s1", None), shard("s9", None)],
-            entities: [600, 250, 100, 30, 20]
+        let fleet = fleet_of(
+            vec![shard("s1", None), shard("s9", None)],
+            [600, 250, 100, 30, 20]
                 .iter()
                 .enumerate()
                 .map(|(i, b)| entity(&i.to_string(), "s1", None, *b))
                 .collect(),
-        };
+        );
         let plan = split(&fleet, "s1", "s9", 0.5, Weigh::Bytes).unwrap();
         // Half of 1,000: 250 + 100 + 30 + 20 (600 alone overshoots).
         assert_eq!(
@@ -418,30 +490,62 @@ mod unit {
 
     #[test]
     fn a_rebalance_evens_the_shards_and_stops_within_tolerance() {
-        let fleet = Fleet {
-            shards: vec![shard("s1", None), shard("s2", None), shard("s3", None)],
-            entities: (0..9)
+        let fleet = fleet_of(
+            vec![shard("s1", None), shard("s2", None), shard("s3", None)],
+            (0..9)
                 .map(|i| entity(&i.to_string(), "s1", None, 100))
                 .chain([entity("x", "s2", None, 300)])
                 .collect(),
-        };
+        );
         let plan = rebalance(&fleet, Weigh::Bytes, 0.05, 100).unwrap();
         let after: Vec<i64> = plan.shards.values().map(|t| t.after.bytes).collect();
         assert_eq!(after, [400, 400, 400]);
         assert_eq!(plan.moves.len(), 5);
         // Already even: nothing to do.
-        let even = Fleet {
-            shards: fleet.shards.clone(),
-            entities: ["s1", "s2", "s3"]
+        let even = fleet_of(
+            fleet.shards.clone(),
+            ["s1", "s2", "s3"]
                 .iter()
                 .enumerate()
                 .map(|(i, s)| entity(&i.to_string(), s, None, 100))
                 .collect(),
-        };
+        );
         assert!(rebalance(&even, Weigh::Bytes, 0.05, 100)
             .unwrap()
             .moves
             .is_empty());
+    }
+
+    #[test]
+    fn no_plan_moves_an_entity_whose_freeze_would_outlast_max_freeze() {
+        let slow = |id: &str, shard: &str, bytes: i64, secs: u64| Placed {
+            freeze: Some(Duration::from_secs(secs)),
+            ..entity(id, shard, None, bytes)
+        };
+        let fleet = fleet_of(
+            vec![shard("s1", None), shard("s2", None)],
+            vec![
+                slow("big", "s1", 900, 30),
+                slow("small", "s1", 100, 1),
+                entity("logical", "s1", None, 800),
+            ],
+        );
+        let left = |plan: &BatchPlan| -> Vec<(String, u64)> {
+            plan.skipped
+                .iter()
+                .map(|s| (s.entity_id.clone(), s.freeze_ms))
+                .collect()
+        };
+        let drained = drain(&fleet, "s1", &[], Weigh::Bytes).unwrap();
+        assert_eq!(moves(&drained), [("logical", "s2"), ("small", "s2")]);
+        assert_eq!(left(&drained), [("big".to_owned(), 30_000)]);
+        assert_eq!(drained.shards["s1"].entities_after, 1);
+        let split = split(&fleet, "s1", "s2", 0.6, Weigh::Bytes).unwrap();
+        assert_eq!(moves(&split), [("logical", "s2"), ("small", "s2")]);
+        assert_eq!(left(&split), [("big".to_owned(), 30_000)]);
+        let rebalanced = rebalance(&fleet, Weigh::Bytes, 0.05, 10).unwrap();
+        assert!(rebalanced.moves.iter().all(|m| m.entity_id != "big"));
+        assert_eq!(left(&rebalanced), [("big".to_owned(), 30_000)]);
     }
 
     #[test]

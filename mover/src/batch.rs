@@ -19,6 +19,7 @@ use shard_directory_protocol::State;
 use tokio_postgres::Client;
 
 use crate::balance::{BatchPlan, Fleet, Placed, PlannedMove, ShardInfo};
+use crate::budget;
 use crate::entry;
 use crate::error::{At, Error, Failure, Place, Step};
 use crate::mover::Mover;
@@ -123,7 +124,9 @@ enum Next {
 impl Mover {
     /// The shards, every active entry, and each entity's size on its shard (see
     /// `sizes.rs`), with its load when `load` (the shards' `entity_stats()`, which a shard
-    /// of extension 0.1.0 lacks): what `drain`, `split` and `rebalance` plan from.
+    /// of extension 0.1.0 lacks), and the freeze a move of it would take under this mover's
+    /// options when that grows with its size (`budget.rs`): what `drain`, `split` and
+    /// `rebalance` plan from.
     pub async fn fleet(&self, load: bool) -> Result<Fleet, Error> {
         let directory = self.connect_directory(None).await?;
         let shards: Vec<ShardInfo> = directory
@@ -156,6 +159,7 @@ impl Mover {
                 shard,
                 region: r.get(3),
                 size: Default::default(),
+                freeze: None,
             });
         }
         let mut entities = Vec::new();
@@ -167,9 +171,27 @@ impl Mover {
             for p in &mut placed {
                 p.size = sizes.get(&p.key).copied().unwrap_or_default();
             }
+            for kind in &types {
+                let tables = crate::catalog::describe(&side.client, kind)
+                    .await
+                    .at(Step::Plan, shard.as_str())?;
+                let of_kind = || placed.iter().filter(|p| &p.key.entity_type == kind);
+                let largest = of_kind().max_by_key(|p| p.size.rows).map(|p| p.key.clone());
+                let sides = (&side.client, shard.as_str());
+                let per_row =
+                    budget::per_row(&directory, sides, &tables, &self.options, largest.as_ref())
+                        .await?;
+                for p in placed.iter_mut().filter(|p| &p.key.entity_type == kind) {
+                    p.freeze = per_row.map(|r| r.mul_f64(p.size.rows as f64));
+                }
+            }
             entities.extend(placed);
         }
-        Ok(Fleet { shards, entities })
+        Ok(Fleet {
+            shards,
+            entities,
+            max_freeze: self.options.max_freeze,
+        })
     }
 
     pub(crate) async fn connect_shard(
@@ -343,28 +365,32 @@ impl Mover {
             let entry = entry::read(&directory, &key)
                 .await
                 .at(Step::Plan, Place::Directory)?;
-            let next = match entry {
-                None => Next::Skip(format!("no directory entry for {key}")),
-                Some(e) if e.state == State::Active && e.shard_name == m.to => {
+            // A move of it left open (one past its cutover has its entry on the target already,
+            // its source not yet cleared) is resumed, whatever the entry says.
+            let left_open = open.iter().find(|r| {
+                r.entity() == key
+                    && r.target_shard == m.to
+                    && r.source_shard == m.from
+                    && r.phase != Phase::Reversible
+            });
+            let next = match (left_open, entry) {
+                (Some(r), _) => Next::Resume(r.move_id),
+                (None, None) => Next::Skip(format!("no directory entry for {key}")),
+                (None, Some(e)) if e.state == State::Active && e.shard_name == m.to => {
                     Next::Skip(format!("{key} is on {} already", m.to))
                 }
-                Some(e) if e.state == State::Active && e.shard_name == m.from => Next::Start,
-                Some(e) if e.state == State::Active => Next::Skip(format!(
+                (None, Some(e)) if e.state == State::Active && e.shard_name == m.from => {
+                    Next::Start
+                }
+                (None, Some(e)) if e.state == State::Active => Next::Skip(format!(
                     "{key} is on {}, not on {} as planned",
                     e.shard_name, m.from
                 )),
-                Some(e) => match open.iter().find(|r| {
-                    r.entity_type == key.entity_type
-                        && r.entity_id == key.entity_id
-                        && r.target_shard == m.to
-                }) {
-                    Some(r) => Next::Resume(r.move_id),
-                    None => Next::Skip(format!(
-                        "{key} is {} toward {}: a move not in this plan is under way",
-                        e.state,
-                        e.target_shard.as_deref().unwrap_or("?")
-                    )),
-                },
+                (None, Some(e)) => Next::Skip(format!(
+                    "{key} is {} toward {}: a move not in this plan is under way",
+                    e.state,
+                    e.target_shard.as_deref().unwrap_or("?")
+                )),
             };
             match next {
                 Next::Skip(why) => outcomes[i] = Some(Outcome::Skipped(why)),

@@ -33,14 +33,16 @@
 //!   `entry` (the directory entry), `side` (one shard), `fence`, `logical` and `copy` (the two
 //!   methods), `verify` (online, then under the freeze only what `tracking` saw change, read from
 //!   `pgoutput` streams), `sequences`, `purge` (the source's rows deleted, paced by `throttle`);
-//! - many moves: `sizes` (each entity's rows, bytes and load on its shard), `balance` (plans
-//!   that drain, split or rebalance shards) and `batch` (a plan run, several moves at once);
+//! - many moves: `sizes` (each entity's rows, bytes and load on its shard), `budget` (the
+//!   freeze a move of each would take), `balance` (plans that drain, split or rebalance shards,
+//!   keeping every move within `--max-freeze`) and `batch` (a plan run, several moves at once);
 //! - `status` (who drives a move, what its slot keeps), `reconcile` (rows on a shard the
 //!   directory does not name), `observer` (what a move reports) and `telemetry` (the same, as
 //!   metrics), `error`.
 
 mod balance;
 mod batch;
+mod budget;
 mod catalog;
 mod copy;
 mod coverage;
@@ -72,7 +74,7 @@ mod tracking;
 mod verify;
 
 pub use balance::{
-    drain, rebalance, split, BatchPlan, Fleet, Placed, PlannedMove, ShardInfo, Totals,
+    drain, rebalance, split, BatchPlan, Fleet, Placed, PlannedMove, ShardInfo, Skipped, Totals,
 };
 pub use batch::{BatchMove, BatchOptions, BatchState, BatchStatus, Outcome};
 pub use entry::{HistoryRow, Placement};

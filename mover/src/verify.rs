@@ -193,24 +193,46 @@ pub(crate) async fn estimate(
 ) -> Result<std::time::Duration, Error> {
     let mut total = std::time::Duration::ZERO;
     for (t, (_, rows)) in tables.iter().zip(rows).filter(|(_, (_, n))| *n > 0) {
-        let sql = format!(
-            "SELECT count(*), coalesce(sum(h::numeric), 0)::text \
-             FROM (SELECT {} AS h FROM {} t WHERE t.{} LIMIT $2) s",
-            row_hash(t),
-            t.quoted,
-            t.entity_predicate()
-        );
-        let started = std::time::Instant::now();
-        let row = client
-            .query_one(&sql, &[&key.entity_id, &SAMPLE])
-            .await
-            .at(Step::Preflight, place(shard, t))?;
-        let sampled: i64 = row.get(0);
-        total += started
-            .elapsed()
-            .mul_f64(*rows as f64 / sampled.max(1) as f64);
+        let (took, sampled) = sample((client, shard), t, key).await?;
+        total += took.mul_f64(*rows as f64 / sampled.max(1) as f64);
     }
     Ok(total)
+}
+
+/// About how long [`verify`] takes per row of the entity on `shard`, from a sample of each
+/// table's first rows of it; `None` when it has none.
+pub(crate) async fn per_row(
+    (client, shard): (&Client, &str),
+    tables: &[EntityTable],
+    key: &EntityKey,
+) -> Result<Option<std::time::Duration>, Error> {
+    let (mut took, mut sampled) = (std::time::Duration::ZERO, 0);
+    for t in tables {
+        let (time, rows) = sample((client, shard), t, key).await?;
+        (took, sampled) = (took + time, sampled + rows);
+    }
+    Ok((sampled > 0).then(|| took / sampled as u32))
+}
+
+/// The time to read and hash the entity's first rows of `t` (up to [`SAMPLE`]), and how many.
+async fn sample(
+    (client, shard): (&Client, &str),
+    t: &EntityTable,
+    key: &EntityKey,
+) -> Result<(std::time::Duration, i64), Error> {
+    let sql = format!(
+        "SELECT count(*), coalesce(sum(h::numeric), 0)::text \
+         FROM (SELECT {} AS h FROM {} t WHERE t.{} LIMIT $2) s",
+        row_hash(t),
+        t.quoted,
+        t.entity_predicate()
+    );
+    let started = std::time::Instant::now();
+    let row = client
+        .query_one(&sql, &[&key.entity_id, &SAMPLE])
+        .await
+        .at(Step::Preflight, place(shard, t))?;
+    Ok((started.elapsed(), row.get(0)))
 }
 
 /// Row count and hash sum per bucket of primary keys.

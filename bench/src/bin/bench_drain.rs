@@ -42,6 +42,11 @@ async fn run(tenants: usize, parallel: usize, method: MethodChoice) -> Run {
     let fleet = mover.fleet(false).await.expect("read the fleet");
     let to = ["shard_2".to_owned(), "shard_3".to_owned()];
     let plan = drain(&fleet, "shard_1", &to, Weigh::Rows).expect("a plan");
+    assert!(
+        plan.skipped.is_empty(),
+        "left by --max-freeze: {:?}",
+        plan.skipped
+    );
     let options = BatchOptions {
         parallel,
         per_shard: parallel,

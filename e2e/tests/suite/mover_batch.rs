@@ -2,12 +2,15 @@
 //! edits it, `move --from-file` runs it two moves at once, is killed in the middle, and run
 //! again goes on where it stopped; `split` and `rebalance` plan from the shards' own sizes.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use shard_directory_e2e::mover_cli::{command, open_phase, succeeded};
+use shard_directory_e2e::observe::act_at;
 use shard_directory_e2e::Topology;
-use shard_directory_mover::Phase;
+use shard_directory_mover::{drain, BatchOptions, MoveOptions, Outcome, Phase, Weigh};
+use tokio::sync::Notify;
 
 const TENANTS: [(&str, i64); 6] = [
     ("1", 60),
@@ -345,4 +348,102 @@ async fn a_batch_paused_starts_no_more_moves_and_aborted_undoes_its_open_one() {
     let refused = cli(&t, &["batch", "resume", &batch]).await;
     assert_eq!(refused.status.code(), Some(1));
     std::fs::remove_file(&file).unwrap();
+}
+
+#[tokio::test]
+async fn a_plan_leaves_a_tenant_whose_copy_would_outlast_max_freeze() {
+    let t = Topology::with_shards("batch-budget", 2).await;
+    for (id, orders) in [("history", 1000), ("big", 10_000), ("small", 50)] {
+        t.add_tenant(id, "shard_1").await;
+        t.seed_orders("shard_1", id, orders, 2).await;
+    }
+    // One copy move from shard_1 is the shard's history: its freeze per row prices the others.
+    let moved = cli(
+        &t,
+        &[
+            "--json", "move", "tenant", "history", "--to", "shard_2", "--method", "copy",
+        ],
+    )
+    .await;
+    let record: Value = serde_json::from_str(&succeeded(&moved)).unwrap();
+    let freeze_ms = record["max_freeze_seen_ms"].as_i64().unwrap().max(1);
+    // A budget of the history tenant's own freeze (3,000 rows): 'big' (30,000) is about ten
+    // times over it, 'small' (150) well under.
+    let budget = format!("{freeze_ms}ms");
+    let planned = cli(
+        &t,
+        &[
+            "drain",
+            "shard_1",
+            "--by",
+            "rows",
+            "--method",
+            "copy",
+            "--max-freeze",
+            &budget,
+        ],
+    )
+    .await;
+    let plan: Value = serde_json::from_str(&succeeded(&planned)).unwrap();
+    assert_eq!(plan_moves(&plan), [("small".into(), "shard_2".into())]);
+    let skipped = plan["skipped"].as_array().expect("skipped listed");
+    assert_eq!(skipped.len(), 1, "{plan}");
+    assert_eq!(skipped[0]["entity_id"], "big");
+    let estimated = skipped[0]["freeze_ms"].as_u64().unwrap() as f64;
+    let expected = freeze_ms as f64 * 10.0;
+    assert!(
+        (expected * 0.8..=expected * 1.2).contains(&estimated),
+        "{estimated} ms for 'big', from {freeze_ms} ms for 3,000 rows"
+    );
+    let said = String::from_utf8_lossy(&planned.stderr);
+    assert!(
+        said.contains("left where it is: tenant/big on shard_1"),
+        "{said}"
+    );
+    // The logical method's freeze does not grow with the tenant: nothing is left.
+    let planned = cli(&t, &["drain", "shard_1", "--max-freeze", &budget]).await;
+    let plan: Value = serde_json::from_str(&succeeded(&planned)).unwrap();
+    assert_eq!(plan_moves(&plan).len(), 2);
+    assert!(plan.get("skipped").is_none(), "{plan}");
+}
+
+#[tokio::test]
+async fn a_batch_stopped_after_a_moves_cutover_finishes_that_move_when_resumed() {
+    let t = Topology::with_shards("batch-cutover", 2).await;
+    t.add_tenant("a", "shard_1").await;
+    t.seed_orders("shard_1", "a", 20, 2).await;
+    let mover = t.mover(MoveOptions::default());
+    let fleet = mover.fleet(false).await.unwrap();
+    let plan = drain(&fleet, "shard_1", &[], Weigh::Rows).unwrap();
+    let one = BatchOptions {
+        parallel: 1,
+        per_shard: 1,
+    };
+    let batch = mover.record_batch(&plan, one).await.unwrap();
+    // The runner stops dead once the move has cut over: the entry is on the target, the
+    // source's rows not yet deleted.
+    let reached = Arc::new(Notify::new());
+    let hold = act_at(Phase::CleaningUp, {
+        let reached = reached.clone();
+        move || {
+            reached.notify_one();
+            Box::pin(std::future::pending())
+        }
+    });
+    let held = t.mover(MoveOptions::default()).with_observer(hold);
+    tokio::select! {
+        r = held.resume_batch(batch) => panic!("the batch should stop: {r:?}"),
+        _ = reached.notified() => {}
+    }
+    drop(held);
+    assert_eq!(t.placement("a").await, "shard_2");
+    assert_eq!(t.rows("shard_1", "a").await, (20, 40));
+    // Resumed, the batch finishes that move rather than skip it as already there.
+    let outcomes = mover.resume_batch(batch).await.unwrap();
+    match &outcomes[..] {
+        [(_, Outcome::Moved(record))] => assert_eq!(record.phase, Phase::Done),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(t.rows("shard_1", "a").await, (0, 0), "the source cleared");
+    assert_eq!(t.rows("shard_2", "a").await, (20, 40));
 }

@@ -103,10 +103,20 @@ fn parse_bytes(s: &str) -> Result<i64, String> {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
-enum MethodArg {
+pub(crate) enum MethodArg {
     Auto,
     Logical,
     Copy,
+}
+
+impl From<MethodArg> for MethodChoice {
+    fn from(m: MethodArg) -> MethodChoice {
+        match m {
+            MethodArg::Auto => MethodChoice::Auto,
+            MethodArg::Logical => MethodChoice::Logical,
+            MethodArg::Copy => MethodChoice::Copy,
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -608,17 +618,20 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
     } = &cli.command
     {
         options.unrelated_tables = unrelated_tables.clone();
-        options.method = match method {
-            MethodArg::Auto => MethodChoice::Auto,
-            MethodArg::Logical => MethodChoice::Logical,
-            MethodArg::Copy => MethodChoice::Copy,
-        };
+        options.method = (*method).into();
         options.max_freeze = *max_freeze;
         options.keep_source = *keep_source;
         options.reversible = *reversible;
         options.reversible_for = *reversible_for;
         options.online_check = !*no_online_check;
         options.freeze_attempts = *freeze_attempts;
+    }
+    if let Command::Drain { plan, .. }
+    | Command::Split { plan, .. }
+    | Command::Rebalance { plan, .. } = &cli.command
+    {
+        options.method = plan.method.into();
+        options.max_freeze = plan.max_freeze;
     }
     let progress = std::sync::Arc::new(Progress::new());
     let mover = Mover::new(directory, overrides, options).with_observer(progress.clone());

@@ -7,7 +7,7 @@ use shard_directory_mover::{
     BatchOptions, BatchPlan, BatchStatus, Left, Mover, Outcome as Moved, PlannedMove, Weigh,
 };
 
-use super::{json as pretty, summary, Outcome};
+use super::{json as pretty, summary, MethodArg, Outcome};
 use serde_json::json;
 
 /// How many moves of a plan run at once.
@@ -37,6 +37,13 @@ pub struct PlanArgs {
     /// each shard's entity_stats()).
     #[arg(long, value_enum, default_value = "bytes")]
     pub by: Weigh,
+    /// How the plan's moves carry the rows (`--apply`), and what their freezes are estimated by.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub method: MethodArg,
+    /// The longest freeze of one move: an entity whose move is expected to freeze longer (the
+    /// copy method's, which grows with its rows) is left where it is, listed in `skipped`.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub max_freeze: std::time::Duration,
     /// Write the plan to this file instead of printing it.
     #[arg(long, value_name = "FILE")]
     out: Option<std::path::PathBuf>,
@@ -66,6 +73,13 @@ fn describe(plan: &BatchPlan) {
             t.after.bytes,
             t.before.load,
             t.after.load
+        );
+    }
+    for s in &plan.skipped {
+        eprintln!(
+            "  left where it is: {}/{} on {} ({} rows): its move would freeze it for about {} ms, \
+             over --max-freeze; fix: make {} logical (wal_level = logical) or raise --max-freeze",
+            s.entity_type, s.entity_id, s.shard, s.rows, s.freeze_ms, s.shard
         );
     }
 }
