@@ -2,7 +2,7 @@
 # Benchmarks, each side by side in one run:
 #   check      the shard-side check under pgbench: no check vs the guide's PL/pgSQL vs native; entity_stats off vs on (instructions)
 #   move       a 100k-row tenant moved by logical vs copy (the copy against a plain COPY), and --reversible vs its revert
-#   freeze     a logical move's freeze by tenant size (100k, 1M, 10M rows): online check on vs off
+#   freeze     a move's freeze by tenant size (100k, 1M, 10M rows): logical with and without the online check vs copy; chart freeze.svg
 #   throttle   another tenant's write latency on the source: no move vs a move vs a paced move
 #   drain      a shard of 200 tenants of mixed sizes drained by a plan: --parallel 1 vs 2
 #   directory  one entry's UPDATE: plain table vs the guide's PL/pgSQL trigger vs the extension

@@ -72,3 +72,57 @@ pub fn cdf(path: &Path, title: &str, x_label: &str, series: &[(usize, Vec<f64>)]
         .unwrap();
     root.present().unwrap();
 }
+
+/// One line per series (its label and `(x, y)` points), both axes log-scaled.
+pub fn lines(
+    path: &Path,
+    title: &str,
+    (x_label, y_label): (&str, &str),
+    series: &[(String, Vec<(f64, f64)>)],
+) {
+    register_font();
+    let points = || series.iter().flat_map(|(_, p)| p.iter().copied());
+    let bounds = |f: fn((f64, f64)) -> f64| {
+        let (lo, hi) = points()
+            .map(f)
+            .fold((f64::MAX, 0.0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
+        (lo.max(0.01) * 0.8)..(hi.max(lo) * 1.25)
+    };
+    let root = SVGBackend::new(path, (720, 420)).into_drawing_area();
+    root.fill(&WHITE).unwrap();
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(bounds(|p| p.0).log_scale(), bounds(|p| p.1).log_scale())
+        .unwrap();
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .y_desc(y_label)
+        .draw()
+        .unwrap();
+    for (i, (label, points)) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(
+                points.iter().copied(),
+                color.stroke_width(2),
+            ))
+            .unwrap()
+            .label(label)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
+        chart
+            .draw_series(points.iter().map(|p| Circle::new(*p, 3, color.filled())))
+            .unwrap();
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .unwrap();
+    root.present().unwrap();
+}
