@@ -2,13 +2,17 @@
 //! read from the docs themselves: preflight names each missing GRANT before anything changes, and with all of
 //! them a tenant moves both ways, and a move stopped in its freeze is aborted, with nothing
 //! more. The logical method's further needs are named too (PostgreSQL 15: superuser on the
-//! target), and `auto` chooses copy for a role without them.
+//! target), and `auto` chooses copy for a role without them. A plan of many moves runs as the
+//! same role.
 
 use shard_directory_client::EntityKey;
 use shard_directory_e2e::observe;
 use shard_directory_e2e::topology::documented_grants;
 use shard_directory_e2e::Topology;
-use shard_directory_mover::{Error, Left, Method, MethodChoice, MoveOptions, Mover, Phase};
+use shard_directory_mover::{
+    drain, BatchOptions, BatchState, Error, Left, Method, MethodChoice, MoveOptions, Mover,
+    Outcome, Phase, Weigh,
+};
 
 fn as_mover(t: &Topology, options: MoveOptions, superuser_on: Option<&str>) -> Mover {
     t.mover_as_role(options, superuser_on)
@@ -155,4 +159,23 @@ async fn a_role_holding_exactly_what_readme_lists_moves_tenants_and_nothing_less
     );
     assert_eq!(t.rows("shard_2", "a").await, (5, 10));
     assert_eq!(t.rows("shard_1", "a").await, (0, 0));
+
+    // A plan of many moves, by copy, as the role with only the documented grants: the fleet's
+    // sizes and freeze estimates read, the batch recorded and run.
+    let fleet = mover.fleet(false).await.unwrap_or_else(|e| panic!("{e}"));
+    let plan = drain(&fleet, "shard_2", &[], Weigh::Rows).unwrap();
+    assert!(plan.skipped.is_empty(), "{:?}", plan.skipped);
+    let one = BatchOptions {
+        parallel: 1,
+        per_shard: 1,
+    };
+    let batch = mover.record_batch(&plan, one).await.unwrap();
+    let outcomes = mover.resume_batch(batch).await.unwrap();
+    match &outcomes[..] {
+        [(_, Outcome::Moved(record))] => assert_eq!(record.phase, Phase::Done),
+        other => panic!("{other:?}"),
+    }
+    let status = mover.batch_status(batch).await.unwrap();
+    assert_eq!(status.state, BatchState::Done);
+    assert_eq!(t.rows("shard_1", "a").await, (5, 10));
 }
