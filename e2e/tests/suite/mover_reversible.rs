@@ -1,7 +1,8 @@
 //! `move --reversible`: after the cutover the tenant's rows stream back to its source, so
 //! `revert` takes it back with only a freeze and no write lost, an aborted revert leaves it
 //! reversible, `finalize` (or `--reversible-for` running out) ends it where it is, and both
-//! moves killed inside their freezes resume to the end.
+//! moves killed inside their freezes resume to the end; writes made while the source was down
+//! reach it once it is back.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -431,4 +432,48 @@ async fn a_reversible_move_and_its_revert_killed_inside_their_freezes_resume_to_
         .await
         .unwrap();
     assert_eq!(mover_cli::succeeded(&out), "");
+}
+
+#[tokio::test]
+async fn the_way_back_keeps_what_was_written_while_the_source_was_down() {
+    let t = Topology::with_shards("reversible-down", 2).await;
+    t.add_tenant("a", "shard_1").await;
+    t.seed_orders("shard_1", "a", 50, 2).await;
+    let there = t
+        .mover(reversible(None))
+        .start(&tenant("a"), "shard_2")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    // The source stops; the tenant lives on the target and is written there meanwhile.
+    t.shard_cluster("shard_1").stop();
+    let router = t.connected_router().await;
+    change_and_delete(&router, "a", 1, 2).await;
+    for i in 0..20 {
+        Topology::order(&router, "a", &format!("while down {i}"))
+            .await
+            .expect("written on the target");
+    }
+    // `status` shows the way back's slot keeping the target's WAL, not streaming.
+    let mover = t.mover(MoveOptions::default());
+    let slot = eventually("the way back to stop streaming", DEADLINE, || async {
+        let slot = mover.status_detail(there.move_id).await.ok()?.slot?;
+        (!slot.active).then_some(slot)
+    })
+    .await;
+    assert_eq!(
+        (slot.shard.as_str(), slot.name),
+        ("shard_2", format!("sd_move_{}_back", there.move_id))
+    );
+    assert!(slot.retained_wal_bytes > 0);
+    // Back up, the source catches up, and the revert brings every write home.
+    t.shard_cluster("shard_1").restart();
+    shows_change(&t, "shard_1", "a", 1, 2).await;
+    let back = mover
+        .revert(there.move_id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(back.phase, Phase::Done);
+    assert_eq!(t.rows("shard_1", "a").await, (50 - 1 + 20, 100 - 2));
+    assert_eq!(t.rows("shard_2", "a").await, (0, 0));
+    assert!(objects(&t).await.is_empty(), "{:?}", objects(&t).await);
 }
