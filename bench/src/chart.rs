@@ -63,13 +63,7 @@ pub fn cdf(path: &Path, title: &str, x_label: &str, series: &[(usize, Vec<f64>)]
             .label(format!("{n} instance{}", if *n == 1 { "" } else { "s" }))
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .unwrap();
+    legend(&mut chart, SeriesLabelPosition::LowerRight);
     root.present().unwrap();
 }
 
@@ -117,12 +111,20 @@ pub fn lines(
             .draw_series(points.iter().map(|p| Circle::new(*p, 3, color.filled())))
             .unwrap();
     }
+    legend(&mut chart, SeriesLabelPosition::UpperLeft);
+    root.present().unwrap();
+}
+
+/// Each series' label, boxed, at `position`.
+fn legend<'a, X: Ranged, Y: Ranged>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+    position: SeriesLabelPosition,
+) {
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(position)
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()
         .unwrap();
-    root.present().unwrap();
 }

@@ -80,6 +80,32 @@ pub fn act_at(
     })
 }
 
+/// An observer that holds the move forever once it reaches `at`, and the notice it gives then.
+pub fn hold_at(at: impl Into<At>) -> (Arc<ActAt>, Arc<Notify>) {
+    let reached = Arc::new(Notify::new());
+    let hold = act_at(at, {
+        let reached = reached.clone();
+        move || {
+            reached.notify_one();
+            Box::pin(std::future::pending())
+        }
+    });
+    (hold, reached)
+}
+
+/// Runs `work` (driving a move observed by [`hold_at`]) until it is held, then drops it, as a
+/// crash there would leave the move (its sessions end with it). `work` must not end first.
+pub async fn until_held<T: std::fmt::Debug>(
+    reached: &Notify,
+    what: &str,
+    work: impl std::future::Future<Output = T>,
+) {
+    tokio::select! {
+        r = work => panic!("{what} should have been held: {r:?}"),
+        _ = reached.notified() => {}
+    }
+}
+
 /// Starts a move of `key` to `to` with `options` and stops it dead once its record says `at`,
 /// as a crash there would leave it (its sessions end with it); returns its id.
 pub async fn crash_at(
@@ -89,19 +115,10 @@ pub async fn crash_at(
     to: &str,
     at: Phase,
 ) -> i64 {
-    let reached = Arc::new(Notify::new());
-    let hold = act_at(at, {
-        let reached = reached.clone();
-        move || {
-            reached.notify_one();
-            Box::pin(std::future::pending())
-        }
-    });
+    let (hold, reached) = hold_at(at);
     let mover = t.mover(options).with_observer(hold);
-    tokio::select! {
-        r = mover.start(key, to) => panic!("the move of {key} should stop at {at}: {r:?}"),
-        _ = reached.notified() => {}
-    }
+    let what = format!("the move of {key} to {to} at {at}");
+    until_held(&reached, &what, mover.start(key, to)).await;
     open_move(t, key).await
 }
 

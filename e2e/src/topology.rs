@@ -395,6 +395,25 @@ impl Topology {
             .await
     }
 
+    /// Inserts orders for tenant `id` through a router until told to stop, every refusal
+    /// retryable (as while it moves); returns how many were acked.
+    pub async fn keep_ordering(&self, id: &str, stop: tokio::sync::watch::Receiver<bool>) -> i64 {
+        let router = self.connected_router().await;
+        let (mut acked, mut n) = (0, 0);
+        while !*stop.borrow() {
+            n += 1;
+            match Topology::order(&router, id, &format!("live {n}")).await {
+                Ok(()) => acked += 1,
+                Err(e) => assert!(
+                    e.is_retryable(),
+                    "only retryable refusals while moving: {e}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        acked
+    }
+
     /// The shard the directory names for tenant `id`.
     pub async fn placement(&self, id: &str) -> String {
         self.dba()

@@ -29,14 +29,10 @@ pub(crate) async fn per_row(
     options: &MoveOptions,
     largest: Option<&EntityKey>,
 ) -> Result<Option<Duration>, Error> {
-    let wal_level: String = client
-        .query_one("SELECT current_setting('wal_level')", &[])
-        .await
-        .at(Step::Plan, shard)?
-        .get(0);
     let logical = options.method != MethodChoice::Copy
-        && wal_level == "logical"
-        && tables.iter().all(|t| t.key_builtin);
+        && crate::preflight::logical_blocker((client, shard), tables)
+            .await?
+            .is_none();
     if logical && options.online_check {
         return Ok(None);
     }

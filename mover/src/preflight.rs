@@ -431,6 +431,41 @@ async fn protected_tables(source: &Side, kind: &str) -> Result<Vec<EntityTable>,
     Ok(tables)
 }
 
+/// Why the logical method cannot move the entity's rows out of `shard` (the problem and its fix):
+/// its `wal_level`, or a key type PostgreSQL's row filters do not accept; `None` when it can.
+pub(crate) async fn logical_blocker(
+    (client, s): (&Client, &str),
+    tables: &[EntityTable],
+) -> Result<Option<(String, String)>, Error> {
+    let wal_level: String = client
+        .query_one("SELECT current_setting('wal_level')", &[])
+        .await
+        .at(Step::Preflight, s)?
+        .get(0);
+    if wal_level != "logical" {
+        return Ok(Some((
+            format!(
+                "source shard {s} has wal_level = {wal_level}; the logical method needs logical"
+            ),
+            format!(
+                "ALTER SYSTEM SET wal_level = logical and restart shard {s} (it also needs \
+                 free replication slots and WAL senders), or use --method copy"
+            ),
+        )));
+    }
+    Ok(tables.iter().find(|t| !t.key_builtin).map(|t| {
+        (
+            format!(
+                "key column {}.{} has type {}, which is not built in: PostgreSQL's publication \
+                 row filters accept built-in types only, so the logical method cannot select \
+                 the entity's rows",
+                t.name, t.key_column, t.key_type
+            ),
+            "use --method copy (or auto, which chooses it)".to_owned(),
+        )
+    }))
+}
+
 /// The method the move can use, as `options.method` asks: `logical` needs the source's
 /// `wal_level = logical` and built-in key types; `auto` chooses `copy` when logical cannot be
 /// used or the role may not publish or subscribe. Refuses when the role lacks what the method
@@ -441,36 +476,7 @@ async fn method(
     tables: &[EntityTable],
     options: &MoveOptions,
 ) -> Result<Method, Error> {
-    let s = source.name();
-    let wal_level: String = source
-        .client
-        .query_one("SELECT current_setting('wal_level')", &[])
-        .await
-        .at(Step::Preflight, s)?
-        .get(0);
-    let logical_blocker = if wal_level != "logical" {
-        Some((
-            format!(
-                "source shard {s} has wal_level = {wal_level}; the logical method needs logical"
-            ),
-            format!(
-                "ALTER SYSTEM SET wal_level = logical and restart shard {s} (it also needs \
-                 free replication slots and WAL senders), or use --method copy"
-            ),
-        ))
-    } else {
-        tables.iter().find(|t| !t.key_builtin).map(|t| {
-            (
-                format!(
-                    "key column {}.{} has type {}, which is not built in: PostgreSQL's publication \
-                     row filters accept built-in types only, so the logical method cannot select \
-                     the entity's rows",
-                    t.name, t.key_column, t.key_type
-                ),
-                "use --method copy (or auto, which chooses it)".to_owned(),
-            )
-        })
-    };
+    let logical_blocker = logical_blocker((&source.client, source.name()), tables).await?;
     let mut method = match (options.method, logical_blocker) {
         (MethodChoice::Copy, _) | (MethodChoice::Auto, Some(_)) => Method::Copy,
         (MethodChoice::Auto | MethodChoice::Logical, None) => Method::Logical,

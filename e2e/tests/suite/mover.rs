@@ -56,25 +56,6 @@ async fn router(t: &Topology) -> Router {
     t.connected_router().await
 }
 
-/// Inserts orders for `id` through a router until told to stop; returns how many were acked.
-async fn keep_writing(t: &Topology, id: &'static str, stop: watch::Receiver<bool>) -> i64 {
-    let router = router(t).await;
-    let mut acked = 0;
-    let mut n = 0;
-    while !*stop.borrow() {
-        n += 1;
-        match order(&router, id, &format!("live {n}")).await {
-            Ok(()) => acked += 1,
-            Err(e) => assert!(
-                e.is_retryable(),
-                "only retryable refusals while moving: {e}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    acked
-}
-
 async fn assert_moved(t: &Topology, record: &MoveRecord, id: &str, expected: (i64, i64)) {
     let (from, to) = (&record.source_shard, &record.target_shard);
     assert_eq!(record.phase, Phase::Done);
@@ -106,7 +87,7 @@ async fn move_under_load(method: MethodChoice, expected: Method) {
     let (stop, stopped) = watch::channel(false);
     let writer = {
         let t = &t;
-        async move { keep_writing(t, "a", stopped).await }
+        async move { t.keep_ordering("a", stopped).await }
     };
     let mover = async {
         let record = t

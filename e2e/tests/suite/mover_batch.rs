@@ -2,15 +2,13 @@
 //! edits it, `move --from-file` runs it two moves at once, is killed in the middle, and run
 //! again goes on where it stopped; `split` and `rebalance` plan from the shards' own sizes.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use shard_directory_e2e::mover_cli::{command, open_phase, succeeded};
-use shard_directory_e2e::observe::act_at;
+use shard_directory_e2e::observe::{hold_at, until_held};
 use shard_directory_e2e::Topology;
 use shard_directory_mover::{drain, BatchOptions, MoveOptions, Outcome, Phase, Weigh};
-use tokio::sync::Notify;
 
 const TENANTS: [(&str, i64); 6] = [
     ("1", 60),
@@ -422,19 +420,9 @@ async fn a_batch_stopped_after_a_moves_cutover_finishes_that_move_when_resumed()
     let batch = mover.record_batch(&plan, one).await.unwrap();
     // The runner stops dead once the move has cut over: the entry is on the target, the
     // source's rows not yet deleted.
-    let reached = Arc::new(Notify::new());
-    let hold = act_at(Phase::CleaningUp, {
-        let reached = reached.clone();
-        move || {
-            reached.notify_one();
-            Box::pin(std::future::pending())
-        }
-    });
+    let (hold, reached) = hold_at(Phase::CleaningUp);
     let held = t.mover(MoveOptions::default()).with_observer(hold);
-    tokio::select! {
-        r = held.resume_batch(batch) => panic!("the batch should stop: {r:?}"),
-        _ = reached.notified() => {}
-    }
+    until_held(&reached, "the batch", held.resume_batch(batch)).await;
     drop(held);
     assert_eq!(t.placement("a").await, "shard_2");
     assert_eq!(t.rows("shard_1", "a").await, (20, 40));

@@ -4,15 +4,14 @@
 //! moves killed inside their freezes resume to the end; writes made while the source was down
 //! reach it once it is back.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use shard_directory_client::{EntityKey, Router};
 use shard_directory_e2e::mover_cli;
-use shard_directory_e2e::observe::{self, act_at};
+use shard_directory_e2e::observe::{self, until_held};
 use shard_directory_e2e::{eventually, Topology};
 use shard_directory_mover::{Error, MoveOptions, Phase};
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -26,21 +25,6 @@ fn reversible(reversible_for: Option<Duration>) -> MoveOptions {
         reversible_for,
         ..Default::default()
     }
-}
-
-/// Inserts orders for `id` through a router until told to stop; returns how many were acked.
-async fn keep_writing(t: &Topology, id: &'static str, stop: watch::Receiver<bool>) -> i64 {
-    let router = t.connected_router().await;
-    let (mut acked, mut n) = (0, 0);
-    while !*stop.borrow() {
-        n += 1;
-        match Topology::order(&router, id, &format!("live {n}")).await {
-            Ok(()) => acked += 1,
-            Err(e) => assert!(e.is_retryable(), "only retryable refusals: {e}"),
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    acked
 }
 
 /// Through the router, wherever the tenant lives: seeded order `changed` renamed, and seeded
@@ -99,6 +83,21 @@ fn way_back(id: i64) -> Vec<String> {
     ]
 }
 
+/// The state a reversible move of tenant `id` (move `move_id`) leaves: the entity active on
+/// shard_2, fenced `moved` on shard_1 and `owned` on shard_2, and only the way back replicating.
+async fn assert_reversible(t: &Topology, id: &str, move_id: i64) {
+    assert_eq!(
+        t.entry("tenant", id).await,
+        ("shard_2".into(), "active".into())
+    );
+    assert_eq!(
+        t.fence("shard_1", id).await.as_deref(),
+        Some("moved:shard_2")
+    );
+    assert_eq!(t.fence("shard_2", id).await.as_deref(), Some("owned"));
+    assert_eq!(objects(t).await, way_back(move_id), "only the way back");
+}
+
 #[tokio::test]
 async fn a_reverted_move_brings_back_every_write_made_on_either_side_of_both_switches() {
     let t = Topology::with_shards("reversible", 2).await;
@@ -107,7 +106,7 @@ async fn a_reverted_move_brings_back_every_write_made_on_either_side_of_both_swi
     t.seed_orders("shard_1", "a", 300, 2).await;
     t.seed_orders("shard_1", "b", 10, 2).await;
     let (stop, stopped) = watch::channel(false);
-    let writer = keep_writing(&t, "a", stopped);
+    let writer = t.keep_ordering("a", stopped);
     let moves = async {
         let there = t
             .mover(reversible(None))
@@ -116,20 +115,7 @@ async fn a_reverted_move_brings_back_every_write_made_on_either_side_of_both_swi
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(there.phase, Phase::Reversible);
         assert!(there.finished_at.is_none() && there.reversible_until.is_none());
-        assert_eq!(
-            t.entry("tenant", "a").await,
-            ("shard_2".into(), "active".into())
-        );
-        assert_eq!(
-            t.fence("shard_1", "a").await.as_deref(),
-            Some("moved:shard_2")
-        );
-        assert_eq!(t.fence("shard_2", "a").await.as_deref(), Some("owned"));
-        assert_eq!(
-            objects(&t).await,
-            way_back(there.move_id),
-            "only the way back"
-        );
+        assert_reversible(&t, "a", there.move_id).await;
         // Written on the target after the first switch, carried to the source.
         let router = t.connected_router().await;
         change_and_delete(&router, "a", 1, 2).await;
@@ -274,19 +260,9 @@ async fn an_aborted_revert_leaves_the_move_reversible_and_finalize_ends_it() {
     assert_eq!(objects(&t).await, way_back(there.move_id));
 
     // A revert stopped dead under its freeze, then aborted: the way back is left as it was.
-    let reached = Arc::new(Notify::new());
-    let hold = act_at(Phase::Frozen, {
-        let reached = reached.clone();
-        move || {
-            reached.notify_one();
-            Box::pin(std::future::pending())
-        }
-    });
+    let (hold, reached) = observe::hold_at(Phase::Frozen);
     let mover = t.mover(MoveOptions::default()).with_observer(hold);
-    tokio::select! {
-        r = mover.revert(there.move_id) => panic!("the revert should stop frozen: {r:?}"),
-        _ = reached.notified() => {}
-    }
+    until_held(&reached, "the revert", mover.revert(there.move_id)).await;
     let revert = there.move_id + 1;
     let refused = t
         .mover(MoveOptions::default())
@@ -311,21 +287,12 @@ async fn an_aborted_revert_leaves_the_move_reversible_and_finalize_ends_it() {
         .await
         .unwrap();
     assert_eq!(status.phase, Phase::Reversible);
-    assert_eq!(
-        t.entry("tenant", "a").await,
-        ("shard_2".into(), "active".into())
-    );
-    assert_eq!(
-        t.fence("shard_1", "a").await.as_deref(),
-        Some("moved:shard_2")
-    );
-    assert_eq!(t.fence("shard_2", "a").await.as_deref(), Some("owned"));
+    assert_reversible(&t, "a", there.move_id).await;
     assert_eq!(
         t.rows("shard_1", "a").await,
         (100, 200),
         "the source's rows stay"
     );
-    assert_eq!(objects(&t).await, way_back(there.move_id));
     let router = t.connected_router().await;
     change_and_delete(&router, "a", 5, 6).await;
     shows_change(&t, "shard_1", "a", 5, 6).await;
