@@ -101,6 +101,9 @@ CREATE TABLE shard_move_batches (
     plan              jsonb       NOT NULL,
     parallel          integer     NOT NULL CHECK (parallel > 0),
     per_shard         integer     NOT NULL CHECK (per_shard > 0),
+    -- How each of its moves is made (method, max_freeze, keep_source, reversible, ...), as the
+    -- batch was started: `batch resume` starts the rest the same way.
+    move_options      jsonb       NOT NULL,
     state             text        NOT NULL DEFAULT 'running' CHECK (state IN (
                           'running', 'paused', 'aborting', 'aborted', 'done')),
     started_by        text        NOT NULL DEFAULT current_user,

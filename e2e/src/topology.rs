@@ -157,6 +157,15 @@ impl Topology {
         self.shard_cluster(shard).connect(SHARD_DB).await
     }
 
+    /// Opens a checked transaction on `shard` (it holds the check's lock, which every fence
+    /// waits for) and leaves it idle; returns the connection and its pid.
+    pub async fn idle_checked_transaction(&self, shard: &str) -> (Client, i32) {
+        let c = self.shard(shard).await;
+        c.batch_execute(CHECKED_AND_LEFT_OPEN).await.unwrap();
+        let pid = crate::backend_pid(&c).await;
+        (c, pid)
+    }
+
     /// Adds a tenant on `shard`; returns the new directory version.
     pub async fn add_tenant(&self, id: &str, shard: &str) -> i64 {
         self.add_entity("tenant", id, shard).await
@@ -460,6 +469,11 @@ impl Topology {
 
 /// The SQL block `docs/operations.md` ("Roles and grants") has after
 /// `<!-- mover grants: {which} -->`: what the tests grant is what the docs tell a DBA to grant.
+/// A checked transaction, left open: it holds the check's lock, which every fence waits for.
+pub const CHECKED_AND_LEFT_OPEN: &str =
+    "BEGIN; SELECT set_config('app.directory_version', '1000000', true); \
+     SELECT shard_directory.assert_directory_version()";
+
 pub fn documented_grants(which: &str) -> String {
     let docs = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),

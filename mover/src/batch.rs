@@ -23,6 +23,7 @@ use crate::budget;
 use crate::entry;
 use crate::error::{At, Error, Failure, Place, Step};
 use crate::mover::Mover;
+use crate::options::MoveChoices;
 use crate::phase::Phase;
 use crate::record::MoveRecord;
 use crate::side::Side;
@@ -98,6 +99,8 @@ pub struct BatchStatus {
     pub state: BatchState,
     pub parallel: i32,
     pub per_shard: i32,
+    /// How each of its moves is made, as the batch was started.
+    pub move_options: MoveChoices,
     pub started_by: String,
     pub started_at: String,
     pub moves: Vec<BatchMove>,
@@ -211,15 +214,19 @@ impl Mover {
     ) -> Result<i64, Error> {
         let directory = self.connect_directory(None).await?;
         let plan_json = serde_json::to_string(plan).expect("plain data serialises");
+        let choices = serde_json::to_string(&MoveChoices::from(&self.options))
+            .expect("plain data serialises");
         Ok(directory
             .query_one(
-                "INSERT INTO shard_directory.shard_move_batches (purpose, plan, parallel, per_shard) \
-                 VALUES ($1, $2::text::jsonb, $3, $4) RETURNING batch_id",
+                "INSERT INTO shard_directory.shard_move_batches \
+                     (purpose, plan, parallel, per_shard, move_options) \
+                 VALUES ($1, $2::text::jsonb, $3, $4, $5::text::jsonb) RETURNING batch_id",
                 &[
                     &plan.purpose,
                     &plan_json,
                     &(options.parallel.max(1) as i32),
                     &(options.per_shard.max(1) as i32),
+                    &choices,
                 ],
             )
             .await
@@ -289,7 +296,8 @@ impl Mover {
         let directory = self.connect_directory(None).await?;
         let row = directory
             .query_opt(
-                "SELECT purpose, plan::text, state, parallel, per_shard, started_by, started_at::text \
+                "SELECT purpose, plan::text, state, parallel, per_shard, started_by, started_at::text, \
+                        move_options::text \
                  FROM shard_directory.shard_move_batches WHERE batch_id = $1",
                 &[&batch_id],
             )
@@ -298,6 +306,11 @@ impl Mover {
             .ok_or(Error::UnknownBatch(batch_id))?;
         let plan: BatchPlan = serde_json::from_str(row.get(1)).map_err(|e| {
             Error::Config(format!("batch {batch_id}'s plan does not read back: {e}"))
+        })?;
+        let move_options: MoveChoices = serde_json::from_str(row.get(7)).map_err(|e| {
+            Error::Config(format!(
+                "batch {batch_id}'s move_options do not read back: {e}"
+            ))
         })?;
         let records = directory
             .query(
@@ -329,6 +342,7 @@ impl Mover {
             state: BatchState::parse(row.get(2)).unwrap_or(BatchState::Running),
             parallel: row.get(3),
             per_shard: row.get(4),
+            move_options,
             started_by: row.get(5),
             started_at: row.get(6),
             moves,
@@ -357,6 +371,9 @@ impl Mover {
             per_shard: status.per_shard.max(1) as usize,
         };
         let moves: Vec<PlannedMove> = status.moves.into_iter().map(|m| m.planned).collect();
+        // Its moves are made as the batch began them, whatever this command was given.
+        let mover = self.using(self.options.with(status.move_options));
+        let mover = &mover;
         let open = self.list(true, None).await?;
         let mut outcomes: Vec<Option<Outcome>> = moves.iter().map(|_| None).collect();
         let mut pending: Vec<(usize, Next)> = Vec::new();
@@ -424,8 +441,8 @@ impl Mover {
                 }
                 running.push(async move {
                     let result = match next {
-                        Next::Resume(id) => self.resume(id).await,
-                        _ => self.start_in(&m.key(), &m.to, Some(batch_id)).await,
+                        Next::Resume(id) => mover.resume(id).await,
+                        _ => mover.start_in(&m.key(), &m.to, Some(batch_id)).await,
                     };
                     (i, result)
                 });

@@ -82,7 +82,7 @@ pub use error::{Error, Failure, Left, Place, Step};
 pub use fence::Fence;
 pub use mover::Mover;
 pub use observer::{LogObserver, Observer};
-pub use options::{MethodChoice, MoveOptions};
+pub use options::{MethodChoice, MoveChoices, MoveOptions};
 pub use phase::Phase;
 pub use preflight::Plan;
 pub use reconcile::Stray;

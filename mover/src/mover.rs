@@ -57,6 +57,16 @@ impl Mover {
         }
     }
 
+    /// A mover like this one whose moves are made with `options`.
+    pub(crate) fn using(&self, options: MoveOptions) -> Mover {
+        Mover {
+            directory: self.directory.clone(),
+            overrides: self.overrides.clone(),
+            options,
+            observer: self.observer.clone(),
+        }
+    }
+
     pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Mover {
         self.observer = Arc::new(Metered::new(observer));
         self

@@ -2,10 +2,13 @@
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use crate::throttle::Throttle;
 
 /// Which method to use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum MethodChoice {
     /// `logical` when the source has `wal_level = logical`, else `copy`.
     #[default]
@@ -68,6 +71,51 @@ impl MoveOptions {
     pub(crate) fn throttle(&self) -> Throttle {
         Throttle::new(self.delete_batch, self.max_rate, self.max_lag)
     }
+
+    /// These options with what `choices` says each move is made with.
+    pub(crate) fn with(&self, choices: MoveChoices) -> MoveOptions {
+        MoveOptions {
+            method: choices.method,
+            max_freeze: Duration::from_millis(choices.max_freeze_ms),
+            online_check: choices.online_check,
+            freeze_attempts: choices.freeze_attempts,
+            keep_source: choices.keep_source,
+            reversible: choices.reversible,
+            reversible_for: choices.reversible_for_ms.map(Duration::from_millis),
+            unrelated_tables: choices.unrelated_tables,
+            ..self.clone()
+        }
+    }
+}
+
+/// What each move of a batch is made with (`shard_move_batches.move_options`), kept so that a
+/// batch resumed later starts the rest of its moves as it began them; how long steps wait and
+/// how fast deletes go stay the resuming command's own.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MoveChoices {
+    pub method: MethodChoice,
+    pub max_freeze_ms: u64,
+    pub online_check: bool,
+    pub freeze_attempts: u32,
+    pub keep_source: bool,
+    pub reversible: bool,
+    pub reversible_for_ms: Option<u64>,
+    pub unrelated_tables: Vec<String>,
+}
+
+impl From<&MoveOptions> for MoveChoices {
+    fn from(o: &MoveOptions) -> MoveChoices {
+        MoveChoices {
+            method: o.method,
+            max_freeze_ms: o.max_freeze.as_millis() as u64,
+            online_check: o.online_check,
+            freeze_attempts: o.freeze_attempts,
+            keep_source: o.keep_source,
+            reversible: o.reversible,
+            reversible_for_ms: o.reversible_for.map(|d| d.as_millis() as u64),
+            unrelated_tables: o.unrelated_tables.clone(),
+        }
+    }
 }
 
 impl Default for MoveOptions {
@@ -89,5 +137,32 @@ impl Default for MoveOptions {
             max_slot_lag: 1 << 30,
             lease_grace: Duration::from_secs(10),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batchs_choices_read_back_as_the_options_they_were_taken_from() {
+        let chosen = MoveOptions {
+            method: MethodChoice::Copy,
+            max_freeze: Duration::from_millis(2500),
+            online_check: false,
+            freeze_attempts: 5,
+            keep_source: true,
+            reversible_for: Some(Duration::from_secs(3600)),
+            unrelated_tables: vec!["audit.log".into()],
+            ..MoveOptions::default()
+        };
+        let json = serde_json::to_string(&MoveChoices::from(&chosen)).unwrap();
+        let resuming = MoveOptions {
+            max_rate: Some(100),
+            ..MoveOptions::default()
+        };
+        let made = resuming.with(serde_json::from_str(&json).unwrap());
+        assert_eq!(MoveChoices::from(&made), MoveChoices::from(&chosen));
+        assert_eq!(made.max_rate, Some(100), "the resuming command's pace");
     }
 }

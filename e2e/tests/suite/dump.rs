@@ -86,7 +86,7 @@ async fn seed_directory(d: &Client) {
          SELECT begin_move('tenant', '4', 'shard_2');
          SELECT begin_move('tenant', '5', 'shard_2'); SELECT freeze('tenant', '5'); SELECT complete_move('tenant', '5');
          DELETE FROM shard_directory WHERE entity_id = '6';
-         INSERT INTO shard_move_batches (purpose, plan, parallel, per_shard) VALUES ('drain shard_1', '{}', 2, 1);
+         INSERT INTO shard_move_batches (purpose, plan, parallel, per_shard, move_options) VALUES ('drain shard_1', '{}', 2, 1, '{}');
          INSERT INTO shard_moves (entity_type, entity_id, source_shard, target_shard, method, max_freeze, source_fence, target_fence, batch_id)
              VALUES ('tenant', '4', 'shard_1', 'shard_2', 'copy', '5 s', '{}', '{}', 1);
          INSERT INTO shard_moves (entity_type, entity_id, source_shard, target_shard, method, max_freeze, source_fence, target_fence, phase, reversible)

@@ -133,7 +133,8 @@ async fn a_shard_is_drained_by_an_edited_plan_run_again_after_a_kill() {
     let status = succeeded(&cli(&t, &["batch", "status", &batch]).await);
     assert!(
         status.contains(&format!(
-            "batch {batch} running: drain shard_1 (5 moves, --parallel 2 --per-shard 2)"
+            "batch {batch} running: drain shard_1 (5 moves, --parallel 2 --per-shard 2 \
+             --method copy --max-freeze 10s)"
         )),
         "{status}"
     );
@@ -254,7 +255,7 @@ async fn split_and_rebalance_plan_from_the_shards_own_sizes() {
 #[tokio::test]
 async fn a_batch_paused_starts_no_more_moves_and_aborted_undoes_its_open_one() {
     let t = Topology::start("batch-pause").await;
-    for (id, orders) in [("1", 20_000), ("2", 20_000), ("3", 10), ("4", 10)] {
+    for (id, orders) in [("1", 2_000), ("2", 2_000), ("3", 10), ("4", 10)] {
         t.add_tenant(id, "shard_1").await;
         t.seed_orders("shard_1", id, orders, 2).await;
     }
@@ -276,7 +277,9 @@ async fn a_batch_paused_starts_no_more_moves_and_aborted_undoes_its_open_one() {
         }
     };
 
-    // Paused while its first move runs: that move goes on to its end, no other starts.
+    // Paused while its first move runs (a checked transaction on shard_1 keeps it from freezing
+    // until the pause is recorded): that move goes on to its end, no other starts.
+    let (blocker, _) = t.idle_checked_transaction("shard_1").await;
     let child = command(&t)
         .args(["move", "--from-file", path, "--method", "copy"])
         .kill_on_drop(true)
@@ -289,6 +292,7 @@ async fn a_batch_paused_starts_no_more_moves_and_aborted_undoes_its_open_one() {
         paused.contains(&format!("batch {batch} paused")),
         "{paused}"
     );
+    blocker.batch_execute("ROLLBACK").await.unwrap();
     let out = succeeded(
         &tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
             .await
@@ -303,7 +307,9 @@ async fn a_batch_paused_starts_no_more_moves_and_aborted_undoes_its_open_one() {
     assert_eq!(t.placement("1").await, "shard_2");
     assert_eq!(t.placement("2").await, "shard_1");
 
-    // Resumed, and aborted while its second move runs: that move is undone, none other starts.
+    // Resumed, and aborted while its second move runs (a checked transaction on shard_1 keeps
+    // it from freezing until the abort is done): that move is undone, none other starts.
+    let (blocker, _) = t.idle_checked_transaction("shard_1").await;
     let resumed = command(&t)
         .args(["batch", "resume", &batch])
         .kill_on_drop(true)
@@ -323,6 +329,25 @@ async fn a_batch_paused_starts_no_more_moves_and_aborted_undoes_its_open_one() {
         aborted.contains("tenant/3 shard_1 -> shard_2: pending"),
         "{aborted}"
     );
+    // The resumed batch made its move as the batch was started: by copy.
+    assert!(
+        aborted.contains("--method copy --max-freeze 10s"),
+        "{aborted}"
+    );
+    let methods: Vec<String> = t
+        .dba()
+        .await
+        .query(
+            "SELECT method FROM shard_directory.shard_moves ORDER BY move_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(methods, ["copy", "copy"]);
+    blocker.batch_execute("ROLLBACK").await.unwrap();
     let out = tokio::time::timeout(Duration::from_secs(120), resumed.wait_with_output())
         .await
         .unwrap()
@@ -332,7 +357,7 @@ async fn a_batch_paused_starts_no_more_moves_and_aborted_undoes_its_open_one() {
         t.entry("tenant", "2").await,
         ("shard_1".to_owned(), "active".to_owned())
     );
-    assert_eq!(t.rows("shard_1", "2").await, (20_000, 40_000));
+    assert_eq!(t.rows("shard_1", "2").await, (2_000, 4_000));
     assert_eq!(t.rows("shard_2", "2").await, (0, 0));
     assert_eq!(
         t.fence("shard_1", "2").await,

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use shard_directory_client::{DirectoryConfig, EntityKey, RetryPolicy};
 use shard_directory_e2e::observe::{self, act_at};
+use shard_directory_e2e::topology::CHECKED_AND_LEFT_OPEN;
 use shard_directory_e2e::{eventually, Topology};
 use shard_directory_mover::{Error, Left, MethodChoice, MoveOptions, Phase};
 use tokio::sync::Notify;
@@ -96,11 +97,6 @@ async fn an_abort_releases_the_entity_before_it_cleans_the_target_even_with_the_
     );
 }
 
-/// A checked transaction, left open: it holds the check's lock, which every fence waits for.
-const CHECKED_AND_LEFT_OPEN: &str =
-    "BEGIN; SELECT set_config('app.directory_version', '1000000', true); \
-     SELECT shard_directory.assert_directory_version()";
-
 /// Logical moves whose fence changes give up after 3 s of waiting.
 fn impatient() -> MoveOptions {
     MoveOptions {
@@ -119,19 +115,10 @@ async fn commit(blocker: &tokio::sync::Mutex<Option<tokio_postgres::Client>>) {
     c.batch_execute("COMMIT").await.unwrap();
 }
 
-/// Opens a checked transaction on `shard` (it holds the check's lock, which every fence waits
-/// for) and leaves it idle; returns the connection and its pid.
-async fn idle_checked_transaction(t: &Topology, shard: &str) -> (tokio_postgres::Client, i32) {
-    let c = t.shard(shard).await;
-    c.batch_execute(CHECKED_AND_LEFT_OPEN).await.unwrap();
-    let pid = shard_directory_e2e::backend_pid(&c).await;
-    (c, pid)
-}
-
 #[tokio::test]
 async fn a_freeze_never_starts_behind_an_open_checked_transaction_and_the_copy_is_kept() {
     let t = with_tenant("fence-wait").await;
-    let (blocker, pid) = idle_checked_transaction(&t, "shard_1").await;
+    let (blocker, pid) = t.idle_checked_transaction("shard_1").await;
     let options = impatient();
     let failure = t
         .mover(options.clone())

@@ -4,7 +4,8 @@
 use std::path::Path;
 
 use shard_directory_mover::{
-    BatchOptions, BatchPlan, BatchStatus, Left, Mover, Outcome as Moved, PlannedMove, Weigh,
+    BatchOptions, BatchPlan, BatchStatus, Left, MethodChoice, MoveChoices, Mover, Outcome as Moved,
+    PlannedMove, Weigh,
 };
 
 use super::{json as pretty, summary, MethodArg, Outcome};
@@ -203,19 +204,50 @@ pub fn report(
 }
 
 /// A batch and each of its moves, for a person or (`--json`) a script.
+/// The `move` flags a batch's moves are made with, as an operator would have typed them.
+fn flags(c: &MoveChoices) -> String {
+    let ms = |ms: u64| humantime::format_duration(std::time::Duration::from_millis(ms));
+    let method = match c.method {
+        MethodChoice::Auto => "auto",
+        MethodChoice::Logical => "logical",
+        MethodChoice::Copy => "copy",
+    };
+    let mut out = format!(" --method {method} --max-freeze {}", ms(c.max_freeze_ms));
+    for (set, flag) in [
+        (c.keep_source, " --keep-source"),
+        (c.reversible, " --reversible"),
+        (!c.online_check, " --no-online-check"),
+    ] {
+        if set {
+            out.push_str(flag);
+        }
+    }
+    if let Some(d) = c.reversible_for_ms {
+        out.push_str(&format!(" --reversible-for {}", ms(d)));
+    }
+    if c.freeze_attempts != shard_directory_mover::MoveOptions::default().freeze_attempts {
+        out.push_str(&format!(" --freeze-attempts {}", c.freeze_attempts));
+    }
+    for t in &c.unrelated_tables {
+        out.push_str(&format!(" --unrelated-table {t}"));
+    }
+    out
+}
+
 pub fn print_status(status: &BatchStatus, as_json: bool) {
     if as_json {
         println!("{}", pretty(status));
         return;
     }
     println!(
-        "batch {} {}: {} ({} moves, --parallel {} --per-shard {}), started {} by {}",
+        "batch {} {}: {} ({} moves, --parallel {} --per-shard {}{}), started {} by {}",
         status.batch_id,
         status.state.as_str(),
         status.purpose,
         status.moves.len(),
         status.parallel,
         status.per_shard,
+        flags(&status.move_options),
         status.started_at,
         status.started_by
     );
