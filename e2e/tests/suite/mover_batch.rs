@@ -8,7 +8,7 @@ use serde_json::Value;
 use shard_directory_e2e::mover_cli::{command, open_phase, succeeded};
 use shard_directory_e2e::observe::{hold_at, until_held};
 use shard_directory_e2e::Topology;
-use shard_directory_mover::{drain, BatchOptions, MoveOptions, Outcome, Phase, Weigh};
+use shard_directory_mover::{drain, BatchOptions, Method, MoveOptions, Outcome, Phase, Weigh};
 
 const TENANTS: [(&str, i64); 6] = [
     ("1", 60),
@@ -334,19 +334,9 @@ async fn a_batch_paused_starts_no_more_moves_and_aborted_undoes_its_open_one() {
         aborted.contains("--method copy --max-freeze 10s"),
         "{aborted}"
     );
-    let methods: Vec<String> = t
-        .dba()
-        .await
-        .query(
-            "SELECT method FROM shard_directory.shard_moves ORDER BY move_id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert_eq!(methods, ["copy", "copy"]);
+    let moves = t.mover(MoveOptions::default()).list(false, None).await;
+    let methods: Vec<Method> = moves.unwrap().iter().map(|r| r.method).collect();
+    assert_eq!(methods, [Method::Copy, Method::Copy]);
     blocker.batch_execute("ROLLBACK").await.unwrap();
     let out = tokio::time::timeout(Duration::from_secs(120), resumed.wait_with_output())
         .await
