@@ -49,6 +49,7 @@ mod coverage;
 mod entry;
 mod error;
 mod fence;
+mod initial_copy;
 mod integrity;
 mod logical;
 mod mover;

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use tokio_postgres::Client;
 
 use crate::catalog::EntityTable;
+use crate::error::{At, Error, Step};
 
 /// Why creating or adopting a replication object did not succeed.
 #[derive(Debug)]
@@ -220,9 +221,27 @@ async fn create_slot(source: &Client, name: &str, wait: Duration) -> Result<(), 
 pub(crate) enum Begin {
     /// A move's: copies the existing rows, then streams.
     CopyThenStream,
-    /// A way back's: created off and copying nothing (its subscriber has the rows); it streams
-    /// from its slot's position once turned on.
+    /// Created off and copying nothing: a way back's (its subscriber has the rows), and a paced
+    /// move's (the mover copies, `initial_copy`); it streams from its slot's position once
+    /// turned on.
     Off,
+}
+
+/// The COMMENT of a subscription, by its name (`$1`), in this database.
+const DESCRIBE_SUBSCRIPTION: &str =
+    "SELECT obj_description(oid, 'pg_subscription') FROM pg_subscription \
+     WHERE subname = $1 \
+       AND subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())";
+
+/// What the subscription `name` says about itself, if it exists.
+pub(crate) async fn subscription_comment(
+    target: &Client,
+    name: &str,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    Ok(target
+        .query_opt(DESCRIBE_SUBSCRIPTION, &[&name])
+        .await?
+        .and_then(|r| r.get(0)))
 }
 
 /// Creates the subscription unless this move's exists, on a slot made first on the source (so
@@ -239,10 +258,15 @@ pub(crate) async fn ensure_subscription(
     slot_wait: Duration,
     begin: Begin,
 ) -> Result<(), Trouble> {
-    let describe = "SELECT obj_description(oid, 'pg_subscription') FROM pg_subscription \
-                    WHERE subname = $1 \
-                      AND subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())";
-    if adoptable(target, describe, "subscription", name, signature).await? {
+    if adoptable(
+        target,
+        DESCRIBE_SUBSCRIPTION,
+        "subscription",
+        name,
+        signature,
+    )
+    .await?
+    {
         return Ok(());
     }
     create_slot(source, name, slot_wait).await?;
@@ -298,6 +322,29 @@ pub(crate) async fn skip_to_now(client: &Client, name: &str) -> Result<(), tokio
         .map(|_| ())
 }
 
+/// Moves the slot (not in use) to `lsn`, a position read on its server: once that position is
+/// flushed, which a small committed WAL record ensures, since a slot is moved no further than
+/// the flushed WAL.
+pub(crate) async fn advance_to(
+    client: &Client,
+    name: &str,
+    lsn: &str,
+) -> Result<(), tokio_postgres::Error> {
+    client
+        .batch_execute(
+            "BEGIN; SET LOCAL synchronous_commit = on; \
+             SELECT pg_logical_emit_message(true, 'shard_directory', 'snapshot'); COMMIT",
+        )
+        .await?;
+    client
+        .execute(
+            "SELECT pg_replication_slot_advance($1, $2::text::pg_lsn)",
+            &[&name, &lsn],
+        )
+        .await
+        .map(|_| ())
+}
+
 /// WAL the slot keeps on the source (bytes from its restart position to the insert position),
 /// and whether the server has already removed WAL it needed (`max_slot_wal_keep_size`).
 pub(crate) async fn retained_wal(
@@ -313,6 +360,30 @@ pub(crate) async fn retained_wal(
         )
         .await?
         .map(|r| (r.get(0), r.get(1))))
+}
+
+/// Fails with [`Error::SlotLag`] once the slot keeps more than `limit` bytes of WAL on the
+/// source (or lost WAL it needed); reports what it keeps.
+pub(crate) async fn check_slot(
+    (source, shard): (&Client, &str),
+    (move_id, name): (i64, &str),
+    limit: i64,
+    step: Step,
+) -> Result<(), Error> {
+    let retained = retained_wal(source, name).await.at(step, shard)?;
+    if let Some((retained, lost)) = retained {
+        crate::telemetry::retained_wal(move_id, retained);
+        if lost || retained > limit {
+            return Err(Error::SlotLag {
+                step,
+                name: name.to_owned(),
+                shard: shard.to_owned(),
+                retained,
+                limit,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Gathers statistics on the entity's tables (the target's, once the initial copy is in). A table

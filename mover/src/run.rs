@@ -22,6 +22,7 @@ use crate::copy;
 use crate::entry::{self, Placement};
 use crate::error::{At, Error, Failure, Left, Place, Step};
 use crate::fence::{self, Fence};
+use crate::initial_copy;
 use crate::integrity;
 use crate::logical::{self, Trouble};
 use crate::observer::Observer;
@@ -472,7 +473,8 @@ impl<'m> Run<'m> {
                             move_id: id,
                             phase: self.record.phase,
                             why: format!(
-                                "move {reversible}, which this one reverts, is no longer                                  reversible (finalized meanwhile?)"
+                                "move {reversible}, which this one reverts, is no longer reversible \
+                                 (finalized meanwhile?)"
                             ),
                         });
                     }
@@ -509,10 +511,24 @@ impl<'m> Run<'m> {
         }
     }
 
-    /// Logical: publication and subscription, then the initial copy of every table.
+    /// Logical: publication and subscription, then the initial copy of every table: the
+    /// subscription's own, or with a pace the mover's (`initial_copy`). A copy of the mover's
+    /// found unfinished, or where the subscription is now to copy, is made again from the start.
     async fn replicate(&mut self) -> Result<(), Error> {
         let name = self.record.replication_name.clone();
-        let signature = logical::signature(&self.record);
+        let paced = self.options.throttle().paces() && self.record.reverses.is_none();
+        let mut signature = logical::signature(&self.record);
+        let copied_by_mover = initial_copy::signature(&signature);
+        let target = self.target(Step::Replicate)?;
+        let found = logical::subscription_comment(&target.client, &name)
+            .await
+            .at(Step::Replicate, target.name())?;
+        if found.is_some() && (paced || found.as_ref() == Some(&copied_by_mover)) {
+            self.drop_replication(Step::Replicate).await?;
+        }
+        if paced {
+            signature = copied_by_mover;
+        }
         let target = self.target(Step::Replicate)?;
         let publication = logical::ensure_publication(
             &self.source.client,
@@ -532,13 +548,20 @@ impl<'m> Run<'m> {
             &self.source.endpoint.replication_conninfo,
             &signature,
             self.options.fence_patience,
-            logical::Begin::CopyThenStream,
+            if paced {
+                logical::Begin::Off
+            } else {
+                logical::Begin::CopyThenStream
+            },
         )
         .await;
         subscription.map_err(|t| {
             let what = format!("creating replication slot {name}");
             self.replication_trouble(Step::Replicate, self.source.name(), t, &what)
         })?;
+        if paced {
+            return self.copy_paced().await;
+        }
         let started = Instant::now();
         let mut saved = Instant::now();
         loop {
@@ -591,6 +614,63 @@ impl<'m> Run<'m> {
         }
     }
 
+    /// The mover's initial copy, paced: from a snapshot that matches the slot's position; then
+    /// the subscription is turned on.
+    async fn copy_paced(&mut self) -> Result<(), Error> {
+        let (id, name) = (self.id(), self.record.replication_name.clone());
+        self.target(Step::Sync)?;
+        let Ok(target) = &self.target else {
+            unreachable!("checked just above")
+        };
+        let version = entry::current_version(&self.directory)
+            .await
+            .at(Step::Sync, Place::Directory)?;
+        let lock = self.source.another(id).await?;
+        let (mut read, mut write) = (self.source.another(id).await?, target.another(id).await?);
+        let snapshot = initial_copy::snapshot_at_slot(
+            &self.source,
+            (&lock, &mut read),
+            &self.key,
+            &name,
+            self.options.fence_patience,
+        )
+        .await?;
+        drop(lock);
+        for p in self.record.tables.values_mut() {
+            (p.copied, p.rows_per_second, p.eta_seconds) = (0, None, None);
+        }
+        let mut pace = initial_copy::Paced {
+            move_id: id,
+            throttle: self.options.throttle(),
+            target: (&target.client, target.name()),
+            source: (&self.source.client, self.source.name()),
+            slot: (&name, self.options.max_slot_lag),
+            directory: &self.directory,
+            tables: &mut self.record.tables,
+            rates: &mut self.rates,
+            observer: &*self.observer,
+            saved: Instant::now(),
+        };
+        copy::copy_rows(
+            (&snapshot, self.source.name()),
+            (&mut write, target.name()),
+            (&self.tables, &self.key, version),
+            Step::Sync,
+            &mut pace,
+        )
+        .await?;
+        snapshot.commit().await.at(Step::Sync, self.source.name())?;
+        record::set_tables(&self.directory, id, &self.record.tables)
+            .await
+            .at(Step::Record, Place::Directory)?;
+        logical::enable_subscription(&target.client, &name)
+            .await
+            .at(Step::Sync, target.name())?;
+        logical::analyze(&target.client, &self.tables)
+            .await
+            .at(Step::Sync, target.name())
+    }
+
     /// The subscription is on (a subscription that stopped after an error is turned back on
     /// once per run, with a note), and the slot keeps no more WAL than `--max-slot-lag`.
     async fn check_replication(
@@ -599,23 +679,13 @@ impl<'m> Run<'m> {
         step: Step,
     ) -> Result<(), Error> {
         let name = self.record.replication_name.clone();
-        let source = self.source.name().to_owned();
-        if let Some((retained, lost)) = logical::retained_wal(&self.source.client, &name)
-            .await
-            .at(step, source.as_str())?
-        {
-            crate::telemetry::retained_wal(self.record.move_id, retained);
-            let limit = self.options.max_slot_lag;
-            if lost || retained > limit {
-                return Err(Error::SlotLag {
-                    step,
-                    name,
-                    shard: source,
-                    retained,
-                    limit,
-                });
-            }
-        }
+        logical::check_slot(
+            (&self.source.client, self.source.name()),
+            (self.id(), &name),
+            self.options.max_slot_lag,
+            step,
+        )
+        .await?;
         if state.exists && state.enabled {
             return Ok(());
         }
@@ -1110,7 +1180,8 @@ impl<'m> Run<'m> {
     }
 
     /// Method copy: the entity's rows, over connections of their own (a copy cut off by the
-    /// deadline leaves them mid-stream; an abort ends them).
+    /// deadline leaves them mid-stream; an abort ends them). The source is frozen, so its rows
+    /// hold still; one snapshot makes that explicit.
     async fn copy(&self) -> Result<(), Error> {
         let target = self.target(Step::Copy)?;
         let mut read = self.source.another(self.id()).await?;
@@ -1119,18 +1190,19 @@ impl<'m> Run<'m> {
             .await
             .at(Step::Copy, Place::Directory)?;
         let (id, observer, record) = (self.id(), &self.observer, &self.record);
+        let snapshot = copy::snapshot(&mut read, self.source.name(), Step::Copy).await?;
         copy::copy_rows(
-            (&mut read, self.source.name()),
+            (&snapshot, self.source.name()),
             (&mut write, target.name()),
-            &self.tables,
-            &self.key,
-            version,
-            |table, rows| {
+            (&self.tables, &self.key, version),
+            Step::Copy,
+            &mut copy::Unpaced(|table: &str, rows: u64| {
                 let total = record.tables.get(table).map_or(rows as i64, |p| p.rows);
                 observer.rows(id, table, rows as i64, total);
-            },
+            }),
         )
-        .await
+        .await?;
+        snapshot.commit().await.at(Step::Copy, self.source.name())
     }
 
     /// `complete_move`, the point of no return, unless the freeze has run out (this run's

@@ -1,8 +1,8 @@
-//! Pacing the source's delete, the long write of a move after its cutover, so that it does not
-//! hurt the other tenants of the shard: at most `--max-rate` rows a second, and waiting while the
-//! shard's standbys are more than `--max-lag` bytes behind in replay. (The initial copy of the
-//! logical method is PostgreSQL's own `COPY` per table, and the copy method copies under the
-//! freeze, where pacing would only lengthen it: neither is paced.)
+//! Pacing a move's long writes so that they do not hurt the other tenants of their shards: the
+//! source's delete after the cutover, and the logical method's initial copy when a pace is asked
+//! for (`initial_copy`): at most `--max-rate` rows a second, and waiting while the written
+//! shard's standbys are more than `--max-lag` bytes behind in replay. (The copy method copies
+//! under the freeze, where pacing would only lengthen it: it is not paced.)
 
 use std::time::{Duration, Instant};
 
@@ -46,6 +46,19 @@ impl Throttle {
         }
     }
 
+    /// Whether there is a pace to keep.
+    pub fn paces(&self) -> bool {
+        self.max_rate.is_some() || self.max_lag.is_some()
+    }
+
+    /// Rows between two waits: a tenth of a second's worth at `max_rate`, at most `batch`.
+    pub fn step(&self) -> u64 {
+        let batch = self.batch.max(1) as u64;
+        self.max_rate
+            .filter(|r| *r > 0)
+            .map_or(batch, |rate| (rate / 10).clamp(1, batch))
+    }
+
     /// After `rows` more rows written on the shard `client` is connected to: sleeps until the
     /// rate since the start is within `max_rate`, then while the standbys lag over `max_lag`.
     /// Returns how long it slept.
@@ -84,5 +97,16 @@ mod tests {
             due(250, 500, Duration::from_secs(1)),
             Duration::from_millis(1_500)
         );
+    }
+
+    #[test]
+    fn a_paced_copy_waits_every_tenth_of_a_second_of_rows_at_most_a_batch_apart() {
+        let step = |rate| Throttle::new(10_000, rate, None).step();
+        assert_eq!(step(Some(1_000)), 100);
+        assert_eq!(step(Some(5)), 1);
+        assert_eq!(step(Some(1_000_000)), 10_000);
+        assert_eq!(step(None), 10_000);
+        assert!(!Throttle::new(10_000, None, None).paces());
+        assert!(Throttle::new(10_000, None, Some(1 << 20)).paces());
     }
 }

@@ -13,6 +13,7 @@ mod dump;
 mod mover;
 mod mover_batch;
 mod mover_faults;
+mod mover_paced;
 mod mover_privileges;
 mod mover_reversible;
 mod mover_schemas;

@@ -64,12 +64,13 @@ struct Tuning {
     /// move is undone.
     #[arg(long, value_parser = parse_bytes, default_value = "1GB", global = true)]
     max_slot_lag: i64,
-    /// At most this many rows deleted a second when a move clears a shard of its entity's rows
+    /// At most this many rows a second: copied by the logical method's initial copy (which the
+    /// mover then makes itself), and deleted when a move clears a shard of its entity's rows
     /// (the source's after the cutover; the target's on an abort).
     #[arg(long, value_name = "ROWS", global = true)]
     max_rate: Option<u64>,
-    /// While the shard's standbys replay more than this far behind (e.g. 64MB), that delete
-    /// waits. Needs pg_read_all_stats to see their positions.
+    /// While the written shard's standbys replay more than this far behind (e.g. 64MB), that
+    /// copy or delete waits. Needs pg_read_all_stats to see their positions.
     #[arg(long, value_parser = parse_bytes, value_name = "BYTES", global = true)]
     max_lag: Option<i64>,
     /// How much longer than --max-freeze a freeze holds when no mover ends it.
