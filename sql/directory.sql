@@ -93,6 +93,16 @@ STABLE STRICT
 -- what admits a caller.
 LANGUAGE c AS 'MODULE_PATHNAME', 'changes_since_native';
 
+-- Each shard's entities weighed by the mover for `drain`, `split` and `rebalance` (rows and
+-- bytes, estimated: mover/src/sizes.rs), so that a plan made within --sizes-max-age of the
+-- measure reads them here instead of scanning the shard again. A cache: pg_dump leaves it out.
+CREATE TABLE shard_sizes (
+    shard_name        text        PRIMARY KEY,
+    -- {"<entity_type>": {"<entity_id>": [rows, bytes]}}
+    sizes             jsonb       NOT NULL,
+    measured_at       timestamptz NOT NULL DEFAULT now()
+);
+
 -- A plan of many moves run as one batch (`shard-directory move --from-file`): the plan as it was
 -- run, and the state `batch pause`, `batch resume` and `batch abort` set and its runner obeys.
 CREATE TABLE shard_move_batches (

@@ -17,6 +17,16 @@ ALTER TABLE shard_directory_version SET (fillfactor = 10);
 ALTER TABLE shards ADD COLUMN conninfo text CONSTRAINT shards_conninfo_has_no_password CHECK (
     conninfo !~* '(^|[\s?&])password\s*=' AND conninfo !~* '^postgres(ql)?://[^/@]*:[^/@]*@');
 
+-- Each shard's entities weighed by the mover for `drain`, `split` and `rebalance` (rows and
+-- bytes, estimated: mover/src/sizes.rs), so that a plan made within --sizes-max-age of the
+-- measure reads them here instead of scanning the shard again. A cache: pg_dump leaves it out.
+CREATE TABLE shard_sizes (
+    shard_name        text        PRIMARY KEY,
+    -- {"<entity_type>": {"<entity_id>": [rows, bytes]}}
+    sizes             jsonb       NOT NULL,
+    measured_at       timestamptz NOT NULL DEFAULT now()
+);
+
 -- A plan of many moves run as one batch (`shard-directory move --from-file`): the plan as it was
 -- run, and the state `batch pause`, `batch resume` and `batch abort` set and its runner obeys.
 CREATE TABLE shard_move_batches (

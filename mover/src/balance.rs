@@ -109,6 +109,9 @@ pub struct Fleet {
     pub entities: Vec<Placed>,
     /// The longest freeze a plan may ask of one move.
     pub max_freeze: Duration,
+    /// The shards whose entities' rows and bytes were read from the directory, as kept there
+    /// (`shard_sizes`), and how old they were; the others were measured.
+    pub sizes_kept: BTreeMap<String, Duration>,
 }
 
 impl Fleet {
@@ -430,6 +433,7 @@ mod unit {
             shards,
             entities,
             max_freeze: Duration::from_secs(10),
+            sizes_kept: BTreeMap::new(),
         }
     }
 

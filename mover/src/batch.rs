@@ -165,14 +165,20 @@ impl Mover {
                 freeze: None,
             });
         }
-        let mut entities = Vec::new();
+        let (mut entities, mut sizes_kept) = (Vec::new(), BTreeMap::new());
         for (shard, mut placed) in by_shard {
             let mut types: Vec<String> = placed.iter().map(|p| p.key.entity_type.clone()).collect();
             types.dedup();
             let side = self.connect_shard(&directory, &shard).await?;
-            let sizes = sizes::on_shard(&side.client, &shard, &types, load).await?;
+            let keys: Vec<_> = placed.iter().map(|p| p.key.clone()).collect();
+            let max_age = self.options.sizes_max_age;
+            let (sizes, age) =
+                sizes::weighed(&directory, (&side.client, &shard), &keys, load, max_age).await?;
             for p in &mut placed {
                 p.size = sizes.get(&p.key).copied().unwrap_or_default();
+            }
+            if let Some(age) = age {
+                sizes_kept.insert(shard.clone(), age);
             }
             for kind in &types {
                 let tables = crate::catalog::describe(&side.client, kind)
@@ -194,6 +200,7 @@ impl Mover {
             shards,
             entities,
             max_freeze: self.options.max_freeze,
+            sizes_kept,
         })
     }
 

@@ -64,6 +64,9 @@ pub struct MoveOptions {
     /// clients again, and routers release it in the directory), and a mover that was only slow
     /// finds it ended and does not cut over.
     pub lease_grace: Duration,
+    /// How old the entities' sizes a plan of many moves reads from the directory
+    /// (`shard_sizes`) may be; older ones are measured again on the shard (`ZERO`: always).
+    pub sizes_max_age: Duration,
 }
 
 impl MoveOptions {
@@ -136,6 +139,7 @@ impl Default for MoveOptions {
             fence_patience: Duration::from_secs(60),
             max_slot_lag: 1 << 30,
             lease_grace: Duration::from_secs(10),
+            sizes_max_age: Duration::from_secs(10 * 60),
         }
     }
 }

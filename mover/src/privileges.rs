@@ -73,6 +73,10 @@ pub(crate) async fn missing_on_directory(
             "shard_directory.shard_move_batches".to_owned(),
             "SELECT, INSERT, UPDATE",
         ),
+        (
+            "shard_directory.shard_sizes".to_owned(),
+            "SELECT, INSERT, UPDATE",
+        ),
     ];
     missing.extend(missing_grants(directory, "TABLE", &wanted).await?);
     Ok(missing)

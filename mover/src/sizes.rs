@@ -3,15 +3,21 @@
 //! whole (exact counts); a larger one through `TABLESAMPLE SYSTEM` over about that many of its
 //! pages, scaled up, so an entity with few rows in a large table may be estimated at none. The
 //! load is the shard's `entity_stats()` (checked transactions per second over its window).
+//!
+//! Rows and bytes are kept in the directory (`shard_sizes`, a row per shard), so that plans made
+//! within `--sizes-max-age` of a measure read them there instead of scanning the shard again;
+//! a shard whose kept sizes lack an entity the directory now places on it (one moved there since)
+//! is measured again. The load is read afresh each time.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use shard_directory_protocol::EntityKey;
 use tokio_postgres::Client;
 
 use crate::catalog;
-use crate::error::{At, Error, Step};
+use crate::error::{At, Error, Place, Step};
 
 /// Pages of a table read whole; a larger table is sampled down to about this many.
 const WHOLE_PAGES: i64 = 12_800;
@@ -54,13 +60,115 @@ impl Size {
     }
 }
 
-/// The size of every entity of `entity_types` with rows on `shard`, and with `load` the load of
-/// those with checked transactions in its window.
-pub(crate) async fn on_shard(
+/// How a shard's sizes are kept in `shard_sizes.sizes`: `{"<type>": {"<id>": [rows, bytes]}}`.
+type Kept = BTreeMap<String, BTreeMap<String, (i64, i64)>>;
+
+/// The sizes of `placed`, the entities the directory places on `shard` (with `load`, their load
+/// too), and how old they are when read from the directory (`None`: measured now).
+pub(crate) async fn weighed(
+    directory: &Client,
+    (client, shard): (&Client, &str),
+    placed: &[EntityKey],
+    load: bool,
+    max_age: Duration,
+) -> Result<(BTreeMap<EntityKey, Size>, Option<Duration>), Error> {
+    let (mut sizes, age) = match kept(directory, shard, placed, max_age).await? {
+        Some((sizes, age)) => (sizes, Some(age)),
+        None => {
+            let mut types: Vec<String> = placed.iter().map(|k| k.entity_type.clone()).collect();
+            types.sort();
+            types.dedup();
+            let measured = measured(client, shard, &types).await?;
+            let sizes = placed
+                .iter()
+                .map(|k| (k.clone(), measured.get(k).copied().unwrap_or_default()))
+                .collect();
+            keep(directory, shard, &sizes).await?;
+            (sizes, None)
+        }
+    };
+    if load {
+        for (key, per_second) in loads(client, shard).await? {
+            if let Some(size) = sizes.get_mut(&key) {
+                size.load += per_second;
+            }
+        }
+    }
+    Ok((sizes, age))
+}
+
+/// The sizes the directory keeps for `shard`, when they are at most `max_age` old and hold every
+/// entity of `placed`.
+async fn kept(
+    directory: &Client,
+    shard: &str,
+    placed: &[EntityKey],
+    max_age: Duration,
+) -> Result<Option<(BTreeMap<EntityKey, Size>, Duration)>, Error> {
+    let row = directory
+        .query_opt(
+            "SELECT sizes::text, extract(epoch FROM now() - measured_at)::float8 \
+             FROM shard_directory.shard_sizes WHERE shard_name = $1",
+            &[&shard],
+        )
+        .await
+        .at(Step::Plan, Place::Directory)?;
+    let Some(row) = row else { return Ok(None) };
+    let age = Duration::from_secs_f64(row.get::<_, f64>(1).max(0.0));
+    let Ok(kept) = serde_json::from_str::<Kept>(row.get(0)) else {
+        return Ok(None);
+    };
+    if age > max_age {
+        return Ok(None);
+    }
+    let mut sizes = BTreeMap::new();
+    for key in placed {
+        let Some(&(rows, bytes)) = kept
+            .get(&key.entity_type)
+            .and_then(|ids| ids.get(&key.entity_id))
+        else {
+            return Ok(None);
+        };
+        let size = Size {
+            rows,
+            bytes,
+            load: 0.0,
+        };
+        sizes.insert(key.clone(), size);
+    }
+    Ok(Some((sizes, age)))
+}
+
+/// Keeps `sizes` in the directory as `shard`'s, measured now.
+async fn keep(
+    directory: &Client,
+    shard: &str,
+    sizes: &BTreeMap<EntityKey, Size>,
+) -> Result<(), Error> {
+    let mut kept = Kept::new();
+    for (key, size) in sizes {
+        kept.entry(key.entity_type.clone())
+            .or_default()
+            .insert(key.entity_id.clone(), (size.rows, size.bytes));
+    }
+    let json = serde_json::to_string(&kept).expect("plain data serialises");
+    directory
+        .execute(
+            "INSERT INTO shard_directory.shard_sizes AS s (shard_name, sizes) \
+             VALUES ($1, $2::text::jsonb) \
+             ON CONFLICT (shard_name) DO UPDATE SET sizes = excluded.sizes, measured_at = now()",
+            &[&shard, &json],
+        )
+        .await
+        .at(Step::Plan, Place::Directory)?;
+    Ok(())
+}
+
+/// The rows and bytes of every entity of `entity_types` with rows on `shard`.
+async fn measured(
     client: &Client,
     shard: &str,
     entity_types: &[String],
-    load: bool,
 ) -> Result<BTreeMap<EntityKey, Size>, Error> {
     let mut sizes: BTreeMap<EntityKey, Size> = BTreeMap::new();
     for kind in entity_types {
@@ -105,21 +213,22 @@ pub(crate) async fn on_shard(
             }
         }
     }
-    if !load {
-        return Ok(sizes);
-    }
-    for row in client
+    Ok(sizes)
+}
+
+/// The load of each entity with checked transactions in `shard`'s window.
+async fn loads(client: &Client, shard: &str) -> Result<Vec<(EntityKey, f64)>, Error> {
+    Ok(client
         .query(
             "SELECT entity_type, entity_id, per_second FROM shard_directory.entity_stats($1)",
             &[&LOAD_TOP],
         )
         .await
         .at(Step::Plan, shard)?
-    {
-        let key = EntityKey::new(row.get::<_, String>(0), row.get::<_, String>(1));
-        if entity_types.contains(&key.entity_type) {
-            sizes.entry(key).or_default().load += row.get::<_, f64>(2);
-        }
-    }
-    Ok(sizes)
+        .iter()
+        .map(|row| {
+            let key = EntityKey::new(row.get::<_, String>(0), row.get::<_, String>(1));
+            (key, row.get(2))
+        })
+        .collect())
 }

@@ -450,3 +450,91 @@ async fn a_batch_stopped_after_a_moves_cutover_finishes_that_move_when_resumed()
     assert_eq!(t.rows("shard_1", "a").await, (0, 0), "the source cleared");
     assert_eq!(t.rows("shard_2", "a").await, (20, 40));
 }
+
+/// The rows `fleet` weighs each of `ids` at, and the shards whose sizes it read as kept.
+async fn weighed(t: &Topology, options: MoveOptions, ids: &[&str]) -> (Vec<i64>, Vec<String>) {
+    let fleet = t.mover(options).fleet(false).await.unwrap();
+    let rows = ids
+        .iter()
+        .map(|id| {
+            let placed = fleet.entities.iter().find(|p| p.key.entity_id == *id);
+            placed.expect("placed").size.rows
+        })
+        .collect();
+    (rows, fleet.sizes_kept.keys().cloned().collect())
+}
+
+/// A plan reads the sizes the directory keeps from the last measure (here planted, to tell them
+/// apart), until they are older than `--sizes-max-age` or the shard has been given an entity
+/// since; the CLI says which shards' sizes it read so.
+#[tokio::test]
+async fn plans_read_the_kept_sizes_until_they_age_or_a_shard_gains_an_entity() {
+    let t = Topology::with_shards("sizes", 2).await;
+    t.add_tenant("a", "shard_1").await;
+    t.seed_orders("shard_1", "a", 20, 2).await;
+    t.add_tenant("b", "shard_2").await;
+    t.seed_orders("shard_2", "b", 5, 2).await;
+    let fresh = MoveOptions::default;
+    assert_eq!(
+        weighed(&t, fresh(), &["a", "b"]).await,
+        (vec![60, 15], vec![])
+    );
+    let dba = t.dba().await;
+    let plant = |shard: &'static str, sql: &'static str| {
+        let dba = &dba;
+        async move {
+            dba.execute(sql, &[&shard]).await.unwrap();
+        }
+    };
+    plant(
+        "shard_1",
+        "UPDATE shard_directory.shard_sizes SET sizes = jsonb_set(sizes, '{tenant,a}', '[1000, 1]') \
+         WHERE shard_name = $1",
+    )
+    .await;
+    let both = vec!["shard_1".to_owned(), "shard_2".to_owned()];
+    assert_eq!(
+        weighed(&t, fresh(), &["a", "b"]).await,
+        (vec![1000, 15], both.clone())
+    );
+    let said = cli(&t, &["drain", "shard_2"]).await;
+    succeeded(&said);
+    let said = String::from_utf8_lossy(&said.stderr);
+    assert!(
+        said.contains("shard_1: rows and bytes as measured"),
+        "{said}"
+    );
+
+    // A shard given an entity since is measured again; the other is still read as kept.
+    t.add_tenant("c", "shard_2").await;
+    assert_eq!(
+        weighed(&t, fresh(), &["a", "b", "c"]).await,
+        (vec![1000, 15, 0], vec!["shard_1".to_owned()])
+    );
+    // Older than --sizes-max-age (10 min): measured again.
+    plant(
+        "shard_1",
+        "UPDATE shard_directory.shard_sizes SET measured_at = now() - interval '11 minutes' \
+         WHERE shard_name = $1",
+    )
+    .await;
+    assert_eq!(
+        weighed(&t, fresh(), &["a"]).await,
+        (vec![60], vec!["shard_2".to_owned()])
+    );
+    // --sizes-max-age 0s: every shard measured.
+    plant(
+        "shard_1",
+        "UPDATE shard_directory.shard_sizes SET sizes = jsonb_set(sizes, '{tenant,a}', '[1000, 1]') \
+         WHERE shard_name = $1",
+    )
+    .await;
+    let measure = MoveOptions {
+        sizes_max_age: Duration::ZERO,
+        ..MoveOptions::default()
+    };
+    assert_eq!(
+        weighed(&t, measure, &["a", "b", "c"]).await,
+        (vec![60, 15, 0], vec![])
+    );
+}

@@ -24,7 +24,6 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use serde_json::json;
 use shard_directory_mover::{
     Error, Failure, Left, MethodChoice, MoveOptions, MoveRecord, Mover, Observer, Overrides, Phase,
-    Weigh,
 };
 use shard_directory_protocol::EntityKey;
 
@@ -633,6 +632,7 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
     {
         options.method = plan.method.into();
         options.max_freeze = plan.max_freeze;
+        options.sizes_max_age = plan.sizes_max_age;
     }
     let progress = std::sync::Arc::new(Progress::new());
     let mover = Mover::new(directory, overrides, options).with_observer(progress.clone());
@@ -663,7 +663,7 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
         }
         Command::Move { .. } => unreachable!("clap requires an entity and --to, or --from-file"),
         Command::Drain { shard, to, plan } => {
-            let fleet = mover.fleet(plan.by == Weigh::Load).await?;
+            let fleet = many::fleet(&mover, &plan).await?;
             let made = shard_directory_mover::drain(&fleet, &shard, &to, plan.by)?;
             many::plan_or_apply(&mover, made, &plan, as_json).await?
         }
@@ -673,7 +673,7 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
             fraction,
             plan,
         } => {
-            let fleet = mover.fleet(plan.by == Weigh::Load).await?;
+            let fleet = many::fleet(&mover, &plan).await?;
             let made = shard_directory_mover::split(&fleet, &shard, &to, fraction, plan.by)?;
             many::plan_or_apply(&mover, made, &plan, as_json).await?
         }
@@ -682,7 +682,7 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
             max_moves,
             plan,
         } => {
-            let fleet = mover.fleet(plan.by == Weigh::Load).await?;
+            let fleet = many::fleet(&mover, &plan).await?;
             let made = shard_directory_mover::rebalance(&fleet, plan.by, tolerance, max_moves)?;
             many::plan_or_apply(&mover, made, &plan, as_json).await?
         }

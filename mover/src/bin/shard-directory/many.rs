@@ -2,10 +2,11 @@
 //! person can read and edit, and run several moves at once.
 
 use std::path::Path;
+use std::time::Duration;
 
 use shard_directory_mover::{
-    BatchOptions, BatchPlan, BatchStatus, Left, MethodChoice, MoveChoices, Mover, Outcome as Moved,
-    PlannedMove, Weigh,
+    BatchOptions, BatchPlan, BatchStatus, Fleet, Left, MethodChoice, MoveChoices, Mover,
+    Outcome as Moved, PlannedMove, Weigh,
 };
 
 use super::{json as pretty, summary, MethodArg, Outcome};
@@ -45,6 +46,10 @@ pub struct PlanArgs {
     /// copy method's, which grows with its rows) is left where it is, listed in `skipped`.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     pub max_freeze: std::time::Duration,
+    /// Entities' rows and bytes measured within this long are read from the directory
+    /// (shard_sizes) instead of the shards; 0s measures every shard again.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10m")]
+    pub sizes_max_age: std::time::Duration,
     /// Write the plan to this file instead of printing it.
     #[arg(long, value_name = "FILE")]
     out: Option<std::path::PathBuf>,
@@ -53,6 +58,20 @@ pub struct PlanArgs {
     apply: bool,
     #[command(flatten)]
     batch: BatchArgs,
+}
+
+/// The fleet a plan is made from, saying (stderr) which shards' sizes were read as kept in the
+/// directory.
+pub async fn fleet(mover: &Mover, args: &PlanArgs) -> Result<Fleet, Outcome> {
+    let fleet = mover.fleet(args.by == Weigh::Load).await?;
+    for (shard, age) in &fleet.sizes_kept {
+        eprintln!(
+            "  {shard}: rows and bytes as measured {} ago (shard_sizes; --sizes-max-age 0s \
+             measures again)",
+            humantime::format_duration(Duration::from_secs(age.as_secs()))
+        );
+    }
+    Ok(fleet)
 }
 
 /// The plan's effect on each shard, for a person (stderr).
