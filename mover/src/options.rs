@@ -38,15 +38,17 @@ pub struct MoveOptions {
     /// How long a reversible move stays so: past it, `finalize --expired` finalizes it.
     pub reversible_for: Option<Duration>,
     /// Longest time the initial copy, and the catch-up before the freeze, may take. Past it the
-    /// move stops, resumable; the entity stays writable throughout.
+    /// move stops, resumable; the entity stays writable throughout. A copy paced by `max_rate`
+    /// or `max_lag` takes as long as its pace needs.
     pub sync_timeout: Duration,
     /// Rows deleted per transaction when clearing a shard of the entity's rows.
     pub delete_batch: i64,
-    /// At most this many rows deleted a second when clearing a shard of the entity's rows (the
+    /// At most this many rows a second: copied by the logical method's initial copy (then the
+    /// mover's own, `initial_copy`), and deleted when clearing a shard of the entity's rows (the
     /// source's after the cutover, the target's on an abort).
     pub max_rate: Option<u64>,
-    /// While the shard's standbys are more than this many bytes behind in replay, that delete
-    /// waits (their positions are visible with `pg_read_all_stats`).
+    /// While the written shard's standbys are more than this many bytes behind in replay, that
+    /// copy or delete waits (their positions are visible with `pg_read_all_stats`).
     pub max_lag: Option<i64>,
     /// Tables (`schema.table`) with a column named like the entity's key column that does not
     /// hold entity ids: preflight otherwise refuses a table it cannot tell from an unprotected

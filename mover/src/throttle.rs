@@ -51,7 +51,8 @@ impl Throttle {
         self.max_rate.is_some() || self.max_lag.is_some()
     }
 
-    /// Rows between two waits: a tenth of a second's worth at `max_rate`, at most `batch`.
+    /// Rows between two waits of a copy: a tenth of a second's worth at `max_rate`, at most
+    /// `batch`.
     pub fn step(&self) -> u64 {
         let batch = self.batch.max(1) as u64;
         self.max_rate

@@ -5,7 +5,8 @@
 //! which paces its initial copy (then the mover's own) and the delete of its rows from the
 //! source. p50 and p99 over the whole move, over its initial copy (`copying`) and over its delete
 //! (`cleaning_up`), side by side in one run. Each window begins on settled shards (vacuumed and
-//! checkpointed), so that none pays for the writes of the one before.
+//! checkpointed), so that none pays for the writes of the one before; the writer is warmed up
+//! first, and the window without a move is measured first and last.
 //!
 //! Run with `bash scripts/bench.sh throttle` (installs a release build first).
 
@@ -146,6 +147,13 @@ async fn main() {
     moving(None, "shard_2", no_phase.clone()).await;
     let length = started.elapsed();
     moving(None, "shard_1", no_phase.clone()).await;
+    // The writer's connections and the shards' caches warmed, unmeasured.
+    during(
+        &t,
+        no_phase.clone(),
+        tokio::time::sleep(Duration::from_secs(5)),
+    )
+    .await;
     settle(&t).await;
     let idle = during(&t, no_phase.clone(), tokio::time::sleep(length)).await;
     runs.push(("no move", idle));
@@ -156,6 +164,10 @@ async fn main() {
         runs.push((name, samples));
         moving(None, "shard_1", no_phase.clone()).await;
     }
+    // No move again, last: a window that drifts with the run shows here.
+    settle(&t).await;
+    let idle = during(&t, no_phase.clone(), tokio::time::sleep(length)).await;
+    runs.push(("no move, again", idle));
 
     println!();
     println!(

@@ -49,7 +49,8 @@ struct Cli {
 /// How long the steps of `move`, `resume` and `abort` may wait, and how much they do at once.
 #[derive(clap::Args)]
 struct Tuning {
-    /// Longest time the initial copy, and the catch-up before the freeze, may take.
+    /// Longest time the initial copy, and the catch-up before the freeze, may take (a copy paced
+    /// by --max-rate or --max-lag takes as long as its pace needs).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "30m", global = true)]
     sync_timeout: Duration,
     /// Rows deleted per transaction when clearing a shard of the entity's rows.
