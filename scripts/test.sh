@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test: formatting and lints, the extension's #[pg_test]s, then the end-to-end suite
+# Runs every test: formatting and lints, the extension's #[pg_test]s on PostgreSQL 15, 16, 17 and
+# 18, then (on 15) the end-to-end suite
 # (throwaway clusters + real client connections + the mover and its CLI), the upgrade check and
 # the pg_regress sessions.
 set -euo pipefail
@@ -10,17 +11,26 @@ log=$(mktemp /tmp/sd-test-log.XXXXXX)
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
+# The extension's code for the other majors (#[cfg(feature = "pgNN")]).
+for major in 16 17 18; do
+  cargo clippy -p shard_directory --no-default-features --features "pg$major" --all-targets \
+    -- -D warnings
+done
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
-# #[pg_test]s: cargo-pgrx starts its own cluster. Postgres will not run as root.
+# #[pg_test]s on every supported major (15: Debian's; 16-18: the trees setup.sh unpacked under
+# .pg/): cargo-pgrx builds the extension for it and starts its own cluster. Postgres will not
+# run as root.
 pgdata=$(mktemp -d /tmp/sd-pgrx-test.XXXXXX)
 trap 'rm -rf "$pgdata" "$log"' EXIT
-if [ "$(id -u)" = 0 ]; then
-  chown postgres: "$pgdata"
-  cargo pgrx test pg15 --runas postgres --pgdata "$pgdata" 2>&1 | tee -a "$log"
-else
-  cargo pgrx test pg15 2>&1 | tee -a "$log"
-fi
+for major in 15 16 17 18; do
+  if [ "$(id -u)" = 0 ]; then
+    rm -rf "${pgdata:?}"/* && chown postgres: "$pgdata"
+    cargo pgrx test "pg$major" --runas postgres --pgdata "$pgdata" 2>&1 | tee -a "$log"
+  else
+    cargo pgrx test "pg$major" 2>&1 | tee -a "$log"
+  fi
+done
 
 bash scripts/install-extension.sh
 # The end-to-end tests run the CLI as an operator would (and SIGKILL it mid-move).

@@ -106,3 +106,35 @@ pub fn relation_name(relid: pg_sys::Oid) -> String {
         }
     }
 }
+
+/// The columns `desc` describes, dropped ones included (18 keeps them after its compact form of
+/// each, where its `TupleDescAttr` finds them).
+///
+/// # Safety
+/// `desc` is a valid descriptor that outlives the slice.
+pub unsafe fn attributes<'a>(desc: pg_sys::TupleDesc) -> &'a [pg_sys::FormData_pg_attribute] {
+    unsafe {
+        let natts = (*desc).natts as usize;
+        #[cfg(not(feature = "pg18"))]
+        let attrs = (*desc).attrs.as_slice(natts);
+        #[cfg(feature = "pg18")]
+        let attrs = std::slice::from_raw_parts(
+            (*desc).compact_attrs.as_ptr().add(natts) as *const pg_sys::FormData_pg_attribute,
+            natts,
+        );
+        attrs
+    }
+}
+
+/// The table's primary key index (`InvalidOid` when it has none, or a deferrable one).
+///
+/// # Safety
+/// `relation` is open.
+pub unsafe fn primary_key_index(relation: pg_sys::Relation) -> pg_sys::Oid {
+    #[cfg(not(feature = "pg18"))]
+    let index = unsafe { pg_sys::RelationGetPrimaryKeyIndex(relation) };
+    // 18 may also return a deferrable one, when asked to.
+    #[cfg(feature = "pg18")]
+    let index = unsafe { pg_sys::RelationGetPrimaryKeyIndex(relation, false) };
+    index
+}

@@ -73,7 +73,13 @@ pub fn as_owner_of<R>(relid: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
 /// Whether the role running the statement owns `relid` (or is a superuser): only such a role
 /// restores rows from a dump.
 pub fn current_role_owns(relid: pg_sys::Oid) -> bool {
-    unsafe { pg_sys::pg_class_ownercheck(relid, current_role()) }
+    #[cfg(feature = "pg15")]
+    let owns = unsafe { pg_sys::pg_class_ownercheck(relid, current_role()) };
+    // 16 checks the owner of any catalog's object through one function.
+    #[cfg(not(feature = "pg15"))]
+    let owns =
+        unsafe { pg_sys::object_ownercheck(pg_sys::RelationRelationId, relid, current_role()) };
+    owns
 }
 
 /// The name of `role`.

@@ -64,10 +64,7 @@ impl Table {
 
     fn attributes(&self) -> &[pg_sys::FormData_pg_attribute] {
         // SAFETY: the descriptor lives as long as the relation is open.
-        unsafe {
-            let desc = (*self.0).rd_att;
-            (*desc).attrs.as_slice((*desc).natts as usize)
-        }
+        unsafe { crate::catalog::attributes((*self.0).rd_att) }
     }
 
     /// The position (from 1) of column `name`; an error naming it when the table has none, or
@@ -183,7 +180,12 @@ impl Table {
                 // Found through pg_depend: a scan worth doing once per backend, not per row. A
                 // table made anew (the extension re-created) has a new OID, so a new lookup.
                 // SAFETY: plain values; a column without a sequence raises an error.
+                #[cfg(any(feature = "pg15", feature = "pg16"))]
                 let sequence = unsafe { pg_sys::getIdentitySequence(column.0, column.1, false) };
+                // 17 looks it up from the open relation.
+                #[cfg(any(feature = "pg17", feature = "pg18"))]
+                // SAFETY: the open relation; a column without a sequence raises an error.
+                let sequence = unsafe { pg_sys::getIdentitySequence(self.0, column.1, false) };
                 IDENTITY.set(Some((column, sequence)));
                 sequence
             }
@@ -369,14 +371,14 @@ impl Executor {
         // SAFETY: as for `check`; the indexes were opened with the executor.
         unsafe {
             pg_sys::ExecStoreHeapTuple(tuple, self.slot, false);
+            let (info, slot, estate) = (self.info, self.slot, self.estate);
+            let (conflict, arbiters) = (std::ptr::null_mut(), std::ptr::null_mut());
+            #[cfg(feature = "pg15")]
+            pg_sys::ExecInsertIndexTuples(info, slot, estate, false, false, conflict, arbiters);
+            // 16 can limit the insert to summarizing indexes: all of them here.
+            #[cfg(not(feature = "pg15"))]
             pg_sys::ExecInsertIndexTuples(
-                self.info,
-                self.slot,
-                self.estate,
-                false,
-                false,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
+                info, slot, estate, false, false, conflict, arbiters, false,
             );
         }
     }
@@ -438,7 +440,7 @@ unsafe fn with_singleton<R>(
         }
         let scan = pg_sys::systable_beginscan(
             table.0,
-            pg_sys::RelationGetPrimaryKeyIndex(table.0),
+            crate::catalog::primary_key_index(table.0),
             true,
             snapshot,
             0,
@@ -620,7 +622,15 @@ pub fn stamp_own_rows(
             }
             let new = table.modify(&mut tuple, &column);
             pg_sys::ReleaseBuffer(buffer);
+            #[cfg(feature = "pg15")]
             pg_sys::simple_heap_update(table.0, &mut tuple.t_self, new);
+            // 16 also says which indexes the update needs; HEAP_ONLY_TUPLE below says the same
+            // for the directory's (b-tree only).
+            #[cfg(not(feature = "pg15"))]
+            {
+                let mut indexes = pg_sys::TU_UpdateIndexes::TU_All;
+                pg_sys::simple_heap_update(table.0, &mut tuple.t_self, new, &mut indexes);
+            }
             if (*(*new).t_data).t_infomask2 & pg_sys::HEAP_ONLY_TUPLE as u16 == 0 {
                 // Not a HOT update: the indexes must point at the new version too.
                 executor.insert_index_entries(new);

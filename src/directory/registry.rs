@@ -219,11 +219,10 @@ fn shard_region(shard: &str, latest: &Latest) -> Option<Option<String>> {
             key_datum,
         );
         // Compare as the index orders: in the column's collation, not ScanKeyInit's C.
-        key.sk_collation =
-            (*desc).attrs.as_slice((*desc).natts as usize)[name_column - 1].attcollation;
+        key.sk_collation = crate::catalog::attributes(desc)[name_column - 1].attcollation;
         let scan = pg_sys::systable_beginscan(
             rel,
-            pg_sys::RelationGetPrimaryKeyIndex(rel),
+            crate::catalog::primary_key_index(rel),
             true,
             latest.get(),
             1,

@@ -20,7 +20,7 @@ pub struct Entry {
 /// twice. A column missing, or of another type, is an error naming it.
 pub fn positions<const N: usize>(desc: pg_sys::TupleDesc, names: [&'static CStr; N]) -> [usize; N] {
     // SAFETY: a valid descriptor (the trigger's relation's), `natts` attributes long.
-    let attrs = unsafe { (*desc).attrs.as_slice((*desc).natts as usize) };
+    let attrs = unsafe { crate::catalog::attributes(desc) };
     let mut found = [None; N];
     for (i, attr) in attrs.iter().enumerate() {
         if attr.attisdropped {

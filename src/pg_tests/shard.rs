@@ -474,10 +474,20 @@ mod tests {
             "CREATE EXTENSION IF NOT EXISTS citext; \
              CREATE TYPE color AS ENUM ('red', 'blue'); \
              CREATE DOMAIN code AS text CHECK (VALUE ~ '^[a-z0-9]+$'); \
-             CREATE DOMAIN ci_code AS citext; \
-             CREATE COLLATION case_blind (provider = icu, locale = 'und-u-ks-level2', deterministic = false)",
+             CREATE DOMAIN ci_code AS citext",
         )
         .unwrap();
+        // Only ICU makes nondeterministic collations; a server built without it has none. (16
+        // lists an ICU collation, `unicode`, either way: initdb imports `und-x-icu` only with ICU.)
+        let icu: bool =
+            one("SELECT EXISTS (SELECT FROM pg_collation WHERE collname = 'und-x-icu')");
+        if icu {
+            Spi::run(
+                "CREATE COLLATION case_blind \
+                 (provider = icu, locale = 'und-u-ks-level2', deterministic = false)",
+            )
+            .unwrap();
+        }
         let types = [
             ("text", true),
             ("varchar(10)", true),
@@ -501,7 +511,10 @@ mod tests {
             ("double precision", false),
             ("jsonb", false),
         ];
-        for (i, (ty, accepted)) in types.iter().enumerate() {
+        let types = types
+            .iter()
+            .filter(|(ty, _)| icu || !ty.contains("case_blind"));
+        for (i, (ty, accepted)) in types.enumerate() {
             Spi::run(&format!("CREATE TABLE keyed_{i} (k {ty})")).unwrap();
             let protect = format!("SELECT shard_directory.protect('keyed_{i}', 'k', 'tenant')");
             if *accepted {

@@ -216,7 +216,7 @@ pub fn shard_directory_protect_row<'a>(trigger: &'a PgTrigger<'a>) -> TriggerRes
     // its equality compares (char(n) without its padding), borrowed: it lives in the trigger's
     // memory context, and the check allocates nothing unless it refuses. A column altered since
     // `protect` to a type that cannot key an entity is refused here.
-    let attr = unsafe { &*(*tupdesc).attrs.as_ptr().add(attno as usize - 1) };
+    let attr = unsafe { &crate::catalog::attributes(tupdesc)[attno as usize - 1] };
     let form =
         key::builtin_form(attr.atttypid, attr.atttypmod, attr.attcollation).unwrap_or_else(|| {
             key::require_form(&KeyColumn {

@@ -62,7 +62,6 @@ fn deterministic(collation: pg_sys::Oid) -> bool {
     collation == pg_sys::InvalidOid
         || collation == pg_sys::DEFAULT_COLLATION_OID
         || collation == pg_sys::C_COLLATION_OID
-        || collation == pg_sys::POSIX_COLLATION_OID
         || unsafe { pg_sys::get_collation_isdeterministic(collation) }
 }
 

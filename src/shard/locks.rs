@@ -29,7 +29,12 @@ thread_local! {
 }
 
 pub(crate) fn local_transaction() -> pg_sys::LocalTransactionId {
-    unsafe { (*pg_sys::MyProc).lxid }
+    #[cfg(any(feature = "pg15", feature = "pg16"))]
+    let lxid = unsafe { (*pg_sys::MyProc).lxid };
+    // 17 keeps it with the backend's virtual transaction id.
+    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    let lxid = unsafe { (*pg_sys::MyProc).vxid.lxid };
+    lxid
 }
 
 /// Called by `crate::xact` while a subtransaction is rolled back: it released the lock if it
