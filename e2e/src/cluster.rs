@@ -572,3 +572,31 @@ impl Drop for Cluster {
         }
     }
 }
+
+/// Makes `standby` (a connection to a standby of `primary`'s server) stop replaying, 2 MB of WAL
+/// behind (a table `junk` written on `primary`), and replay again a second later, in the
+/// background; `resumed` says when. For a pace that waits on standbys' replay lag.
+pub async fn lag_for_a_second(
+    standby: std::sync::Arc<Client>,
+    primary: &Client,
+    resumed: std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>>,
+) {
+    standby
+        .batch_execute("SELECT pg_wal_replay_pause()")
+        .await
+        .unwrap();
+    primary
+        .batch_execute(
+            "CREATE TABLE junk AS SELECT repeat('x', 1000) FROM generate_series(1, 2000)",
+        )
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        *resumed.lock().unwrap() = Some(std::time::Instant::now());
+        standby
+            .batch_execute("SELECT pg_wal_replay_resume()")
+            .await
+            .unwrap();
+    });
+}

@@ -235,24 +235,7 @@ async fn a_paced_copy_waits_while_the_targets_standby_lags() {
         move || {
             let (replica, resumed, writer) = (replica.clone(), resumed.clone(), writer.clone());
             Box::pin(async move {
-                replica
-                    .batch_execute("SELECT pg_wal_replay_pause()")
-                    .await
-                    .unwrap();
-                writer
-                    .batch_execute(
-                        "CREATE TABLE junk AS SELECT repeat('x', 1000) FROM generate_series(1, 2000)",
-                    )
-                    .await
-                    .unwrap();
-                tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    *resumed.lock().unwrap() = Some(Instant::now());
-                    replica
-                        .batch_execute("SELECT pg_wal_replay_resume()")
-                        .await
-                        .unwrap();
-                });
+                shard_directory_e2e::lag_for_a_second(replica, &writer, resumed).await;
             })
         }
     });

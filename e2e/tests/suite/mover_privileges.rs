@@ -154,31 +154,25 @@ async fn a_role_holding_exactly_what_readme_lists_moves_tenants_and_nothing_less
         max_rate: Some(1_000),
         ..logical()
     };
-    let record = as_mover(&t, paced, Some("shard_2"))
-        .start(&key, "shard_2")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(
-        (record.phase, record.method),
-        (Phase::Done, Method::Logical)
-    );
-    assert_eq!(t.rows("shard_2", "a").await, (5, 10));
+    let moved_logically = async |options: MoveOptions| {
+        let record = as_mover(&t, options, Some("shard_2"))
+            .start(&key, "shard_2")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (record.phase, record.method),
+            (Phase::Done, Method::Logical)
+        );
+        assert_eq!(t.rows("shard_2", "a").await, (5, 10));
+        assert_eq!(t.rows("shard_1", "a").await, (0, 0));
+    };
+    moved_logically(paced).await;
     let record = mover
         .start(&key, "shard_1")
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(record.phase, Phase::Done);
-    let logical = as_mover(&t, logical(), Some("shard_2"));
-    let record = logical
-        .start(&key, "shard_2")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(
-        (record.phase, record.method),
-        (Phase::Done, Method::Logical)
-    );
-    assert_eq!(t.rows("shard_2", "a").await, (5, 10));
-    assert_eq!(t.rows("shard_1", "a").await, (0, 0));
+    moved_logically(logical()).await;
 
     // A plan of many moves, by copy, as the role with only the documented grants: the fleet's
     // sizes and freeze estimates read, the batch recorded and run.
