@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the extension (no test functions) and installs it into the system PostgreSQL 15, where
-# the throwaway clusters of the demo, the end-to-end tests and the benchmarks find it. cargo pgrx
+# Builds the extension (no test functions) and installs it into the system PostgreSQL 15 (or the
+# one PG_CONFIG names, built for its major), where the throwaway clusters of the demo, the
+# end-to-end tests and the benchmarks find it. cargo pgrx
 # installs the current version's script and the upgrade scripts (sql/shard_directory--A--B.sql);
 # the install scripts of earlier releases (sql/shard_directory--A.sql) are copied here, so that
 # CREATE EXTENSION ... VERSION 'A' and the upgrade path from it work.

@@ -40,6 +40,14 @@ cargo test -p shard-directory-e2e -p shard-directory-demo -p shard-directory-cli
   -p shard-directory-mover -p shard-directory-protocol --features shard-directory-protocol/serde \
   -- --show-output 2>&1 | tee -a "$log"
 
+# pg_regress and the upgrade check on 16, 17 and 18: the extension installed into each tree, and
+# the suite's clusters made from it (PG_CONFIG).
+for major in 16 17 18; do
+  PG_CONFIG=$PWD/.pg/$major/bin/pg_config bash scripts/install-extension.sh
+  PG_CONFIG=$PWD/.pg/$major/bin/pg_config cargo test -p shard-directory-e2e --test suite \
+    -- regress:: upgrade:: 2>&1 | tee -a "$log"
+done
+
 # The loom model of the client cache's invariant (client/src/cache.rs, `loom_model`): a build of
 # its own (the cfg swaps the cache's atomics and map for loom's), kept apart from target/.
 RUSTFLAGS="--cfg sd_loom" CARGO_TARGET_DIR=target/loom \

@@ -79,9 +79,12 @@ SELECT unprotect('orders');
 SELECT tenant_id, item FROM orders ORDER BY tenant_id;
 
 -- the check under a parallel-query setting: it is PARALLEL UNSAFE, so it runs, never fails
-SET force_parallel_mode = on;
+-- (16 renamed force_parallel_mode to debug_parallel_query)
+SELECT CASE WHEN current_setting('server_version_num')::int >= 160000
+            THEN 'debug_parallel_query' ELSE 'force_parallel_mode' END AS parallel_setting \gset
+SET :parallel_setting = on;
 BEGIN;
 SELECT set_config('app.directory_version', '100', true);
 SELECT assert_directory_version();
 COMMIT;
-RESET force_parallel_mode;
+RESET :parallel_setting;
