@@ -172,8 +172,9 @@ impl Mover {
             let side = self.connect_shard(&directory, &shard).await?;
             let keys: Vec<_> = placed.iter().map(|p| p.key.clone()).collect();
             let max_age = self.options.sizes_max_age;
+            let of_shard = (keys.as_slice(), types.as_slice());
             let (sizes, age) =
-                sizes::weighed(&directory, (&side.client, &shard), &keys, load, max_age).await?;
+                sizes::weighed(&directory, (&side.client, &shard), of_shard, load, max_age).await?;
             for p in &mut placed {
                 p.size = sizes.get(&p.key).copied().unwrap_or_default();
             }

@@ -26,7 +26,7 @@ use tokio_postgres::{Client, Transaction};
 
 use crate::copy::{self, Pace};
 use crate::error::{At, Error, Place, Step};
-use crate::fence;
+use crate::fence::{self, Fence};
 use crate::logical;
 use crate::observer::Observer;
 use crate::progress::Rates;
@@ -52,16 +52,11 @@ pub(crate) async fn snapshot_at_slot<'r>(
     let shard = source.name();
     fence::patiently(patience, || async {
         lock.batch_execute("BEGIN").await?;
-        let held = lock
-            .execute(
-                "SELECT shard_directory.fence_frozen($1, $2)",
-                &[&key.entity_type, &key.entity_id],
-            )
-            .await;
+        let held = fence::set(lock, key, &Fence::Frozen).await;
         if held.is_err() {
             lock.batch_execute("ROLLBACK").await?;
         }
-        held.map(|_| ())
+        held
     })
     .await
     .at(Step::Sync, shard)?;

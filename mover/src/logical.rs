@@ -330,12 +330,7 @@ pub(crate) async fn advance_to(
     name: &str,
     lsn: &str,
 ) -> Result<(), tokio_postgres::Error> {
-    client
-        .batch_execute(
-            "BEGIN; SET LOCAL synchronous_commit = on; \
-             SELECT pg_logical_emit_message(true, 'shard_directory', 'snapshot'); COMMIT",
-        )
-        .await?;
+    emit_flushed(client, "snapshot").await?;
     client
         .execute(
             "SELECT pg_replication_slot_advance($1, $2::text::pg_lsn)",
@@ -475,13 +470,19 @@ pub(crate) async fn catchup_position(source: &Client) -> Result<String, tokio_po
         .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
         .await?
         .get(0);
-    source
-        .batch_execute(
-            "BEGIN; SET LOCAL synchronous_commit = on; \
-             SELECT pg_logical_emit_message(true, 'shard_directory', 'catch-up'); COMMIT",
-        )
-        .await?;
+    emit_flushed(source, "catch-up").await?;
     Ok(lsn)
+}
+
+/// Commits a small WAL record (a logical message, `what`) and waits for it to be flushed, so
+/// that every position read before it is flushed too.
+async fn emit_flushed(client: &Client, what: &str) -> Result<(), tokio_postgres::Error> {
+    client
+        .batch_execute(&format!(
+            "BEGIN; SET LOCAL synchronous_commit = on; \
+             SELECT pg_logical_emit_message(true, 'shard_directory', '{what}'); COMMIT"
+        ))
+        .await
 }
 
 /// Whether the slot has confirmed `lsn`; the confirmed position, and how far behind it is.

@@ -529,7 +529,6 @@ impl<'m> Run<'m> {
         if paced {
             signature = copied_by_mover;
         }
-        let target = self.target(Step::Replicate)?;
         let publication = logical::ensure_publication(
             &self.source.client,
             &name,

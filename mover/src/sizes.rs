@@ -63,22 +63,20 @@ impl Size {
 /// How a shard's sizes are kept in `shard_sizes.sizes`: `{"<type>": {"<id>": [rows, bytes]}}`.
 type Kept = BTreeMap<String, BTreeMap<String, (i64, i64)>>;
 
-/// The sizes of `placed`, the entities the directory places on `shard` (with `load`, their load
-/// too), and how old they are when read from the directory (`None`: measured now).
+/// The sizes of `placed`, the entities of `entity_types` the directory places on `shard` (with
+/// `load`, their load too), and how old they are when read from the directory (`None`: measured
+/// now).
 pub(crate) async fn weighed(
     directory: &Client,
     (client, shard): (&Client, &str),
-    placed: &[EntityKey],
+    (placed, entity_types): (&[EntityKey], &[String]),
     load: bool,
     max_age: Duration,
 ) -> Result<(BTreeMap<EntityKey, Size>, Option<Duration>), Error> {
     let (mut sizes, age) = match kept(directory, shard, placed, max_age).await? {
         Some((sizes, age)) => (sizes, Some(age)),
         None => {
-            let mut types: Vec<String> = placed.iter().map(|k| k.entity_type.clone()).collect();
-            types.sort();
-            types.dedup();
-            let measured = measured(client, shard, &types).await?;
+            let measured = measured(client, shard, entity_types).await?;
             let sizes = placed
                 .iter()
                 .map(|k| (k.clone(), measured.get(k).copied().unwrap_or_default()))
@@ -115,12 +113,12 @@ async fn kept(
         .at(Step::Plan, Place::Directory)?;
     let Some(row) = row else { return Ok(None) };
     let age = Duration::from_secs_f64(row.get::<_, f64>(1).max(0.0));
-    let Ok(kept) = serde_json::from_str::<Kept>(row.get(0)) else {
-        return Ok(None);
-    };
     if age > max_age {
         return Ok(None);
     }
+    let Ok(kept) = serde_json::from_str::<Kept>(row.get(0)) else {
+        return Ok(None);
+    };
     let mut sizes = BTreeMap::new();
     for key in placed {
         let Some(&(rows, bytes)) = kept
