@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: formatting and lints, the extension's #[pg_test]s on PostgreSQL 15, 16, 17 and
-# 18, then (on 15) the end-to-end suite
+# 18, then (on 15, and the mixed fleet on 15, 17 and 18) the end-to-end suite
 # (throwaway clusters + real client connections + the mover and its CLI), the upgrade check and
-# the pg_regress sessions.
+# the pg_regress sessions (again on 16, 17 and 18).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -32,7 +32,12 @@ for major in 15 16 17 18; do
   fi
 done
 
+# The extension into every major's tree: the mixed fleet (mixed_fleet.rs) runs clusters of 15,
+# 17 and 18 side by side.
 bash scripts/install-extension.sh
+for major in 16 17 18; do
+  PG_CONFIG=$PWD/.pg/$major/bin/pg_config bash scripts/install-extension.sh
+done
 # The end-to-end tests run the CLI as an operator would (and SIGKILL it mid-move).
 cargo build -p shard-directory-mover --bin shard-directory
 # --show-output: the proof prints its counts (acked, retried by reason, moves, freeze, the kill).
@@ -40,10 +45,9 @@ cargo test -p shard-directory-e2e -p shard-directory-demo -p shard-directory-cli
   -p shard-directory-mover -p shard-directory-protocol --features shard-directory-protocol/serde \
   -- --show-output 2>&1 | tee -a "$log"
 
-# pg_regress and the upgrade check on 16, 17 and 18: the extension installed into each tree, and
-# the suite's clusters made from it (PG_CONFIG).
+# pg_regress and the upgrade check on 16, 17 and 18: the suite's clusters made from each tree
+# (PG_CONFIG).
 for major in 16 17 18; do
-  PG_CONFIG=$PWD/.pg/$major/bin/pg_config bash scripts/install-extension.sh
   PG_CONFIG=$PWD/.pg/$major/bin/pg_config cargo test -p shard-directory-e2e --test suite \
     -- regress:: upgrade:: 2>&1 | tee -a "$log"
 done

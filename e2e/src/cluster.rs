@@ -1,3 +1,4 @@
+use std::collections::HashMap;
 use std::fs;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -10,11 +11,12 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, Client, Config, NoTls, Notification};
 
-/// One PostgreSQL 15 cluster in a temporary directory, with `shard_directory` available.
+/// One PostgreSQL cluster in a temporary directory, with `shard_directory` available.
 pub struct Cluster {
     name: String,
     root: PathBuf,
     port: u16,
+    install: &'static Install,
 }
 
 /// A connection whose notifications arrive on `notifications`.
@@ -23,22 +25,84 @@ pub struct Listener {
     pub notifications: mpsc::UnboundedReceiver<Notification>,
 }
 
-fn pg_config() -> String {
-    std::env::var("PG_CONFIG").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin/pg_config".into())
+/// A PostgreSQL installation, known by its `pg_config`: where a cluster's programs come from and
+/// where the extension must be installed for it.
+pub struct Install {
+    pg_config: PathBuf,
+    bindir: PathBuf,
 }
 
-fn pg_config_dir(flag: &str) -> PathBuf {
-    let out = Command::new(pg_config())
-        .arg(flag)
-        .output()
-        .expect("run pg_config");
-    assert!(out.status.success(), "pg_config {flag} failed");
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-}
+impl Install {
+    /// The one `PG_CONFIG` names, Debian's PostgreSQL 15 by default: what every cluster runs
+    /// unless a test asks for a major.
+    pub fn configured() -> &'static Install {
+        static CONFIGURED: OnceLock<&'static Install> = OnceLock::new();
+        CONFIGURED.get_or_init(|| {
+            Install::at(std::env::var_os("PG_CONFIG").map_or_else(
+                || PathBuf::from("/usr/lib/postgresql/15/bin/pg_config"),
+                PathBuf::from,
+            ))
+        })
+    }
 
-fn bindir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| pg_config_dir("--bindir"))
+    /// PostgreSQL `major`: Debian's 15, or the tree `scripts/setup.sh` unpacked under `.pg/`.
+    pub fn major(major: u32) -> &'static Install {
+        static BY_MAJOR: OnceLock<std::sync::Mutex<HashMap<u32, &'static Install>>> =
+            OnceLock::new();
+        let mut known = BY_MAJOR.get_or_init(Default::default).lock().unwrap();
+        known.entry(major).or_insert_with(|| {
+            Install::at(if major == 15 {
+                PathBuf::from("/usr/lib/postgresql/15/bin/pg_config")
+            } else {
+                Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../.pg/{major}/bin/pg_config"))
+            })
+        })
+    }
+
+    fn at(pg_config: PathBuf) -> &'static Install {
+        assert!(
+            pg_config.exists(),
+            "{} is missing: run bash scripts/setup.sh",
+            pg_config.display()
+        );
+        let mut install = Install {
+            pg_config,
+            bindir: PathBuf::new(),
+        };
+        install.bindir = install.dir("--bindir");
+        Box::leak(Box::new(install))
+    }
+
+    /// A directory `pg_config` reports (`--sharedir`, `--pkglibdir`, ...).
+    fn dir(&self, flag: &str) -> PathBuf {
+        let out = Command::new(&self.pg_config)
+            .arg(flag)
+            .output()
+            .expect("run pg_config");
+        assert!(out.status.success(), "pg_config {flag} failed");
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    }
+
+    /// One of its programs.
+    fn program(&self, program: &str) -> PathBuf {
+        self.bindir.join(program)
+    }
+
+    /// Server-side programs run as `postgres` when we are root: PostgreSQL refuses root. The
+    /// server must not inherit RUST_BACKTRACE: pgrx would append backtraces to error DETAILs.
+    fn server_command(&self, program: &str) -> Command {
+        let path = self.program(program);
+        let mut c = if is_root() {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(path);
+            c
+        } else {
+            Command::new(path)
+        };
+        c.env_remove("RUST_BACKTRACE")
+            .env_remove("RUST_LIB_BACKTRACE");
+        c
+    }
 }
 
 fn is_root() -> bool {
@@ -71,22 +135,6 @@ pub(crate) fn server_user() -> Option<(u32, u32)> {
     Some((id("-u"), id("-g")))
 }
 
-/// Server-side programs run as `postgres` when we are root: PostgreSQL refuses root. The server
-/// must not inherit RUST_BACKTRACE: pgrx would append backtraces to error DETAILs.
-fn server_command(program: &str) -> Command {
-    let path = bindir().join(program);
-    let mut c = if is_root() {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--"]).arg(path);
-        c
-    } else {
-        Command::new(path)
-    };
-    c.env_remove("RUST_BACKTRACE")
-        .env_remove("RUST_LIB_BACKTRACE");
-    c
-}
-
 fn run(mut cmd: Command, what: &str) -> Output {
     let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
     assert!(
@@ -106,8 +154,8 @@ pub(crate) fn free_port() -> u16 {
         .port()
 }
 
-fn pg_ctl_start(root: &Path, port: u16) -> bool {
-    let mut pg_ctl = server_command("pg_ctl");
+fn pg_ctl_start(install: &Install, root: &Path, port: u16) -> bool {
+    let mut pg_ctl = install.server_command("pg_ctl");
     pg_ctl
         .args(["-w", "-t", "60", "-D"])
         .arg(root.join("data"))
@@ -153,14 +201,15 @@ fn append_conf(root: &Path, conf: &str) {
 
 /// Starts the cluster in `root` on a free port. Another process may grab the port between bind
 /// and start: a few are tried.
-fn start_on_a_free_port(name: &str, root: PathBuf) -> Cluster {
+fn start_on_a_free_port(install: &'static Install, name: &str, root: PathBuf) -> Cluster {
     for attempt in 0..5 {
         let port = free_port();
-        if pg_ctl_start(&root, port) {
+        if pg_ctl_start(install, &root, port) {
             return Cluster {
                 name: name.to_owned(),
                 root,
                 port,
+                install,
             };
         }
         eprintln!(
@@ -172,9 +221,17 @@ fn start_on_a_free_port(name: &str, root: PathBuf) -> Cluster {
 }
 
 impl Cluster {
-    /// initdb + start. `settings` go into postgresql.conf (e.g. `shared_preload_libraries`).
+    /// initdb + start, from [`Install::configured`]. `settings` go into postgresql.conf (e.g.
+    /// `shared_preload_libraries`).
     pub fn start(name: &str, settings: &[(&str, &str)]) -> Cluster {
-        let control = pg_config_dir("--sharedir").join("extension/shard_directory.control");
+        Cluster::start_from(Install::configured(), name, settings)
+    }
+
+    /// [`Cluster::start`], from the binaries of `install`.
+    pub fn start_from(install: &'static Install, name: &str, settings: &[(&str, &str)]) -> Cluster {
+        let control = install
+            .dir("--sharedir")
+            .join("extension/shard_directory.control");
         assert!(
             control.exists(),
             "{} is missing: install the extension first (bash scripts/install-extension.sh)",
@@ -182,7 +239,7 @@ impl Cluster {
         );
         let root = cluster_root(name);
         let data = root.join("data");
-        let mut initdb = server_command("initdb");
+        let mut initdb = install.server_command("initdb");
         initdb
             .args([
                 "-U",
@@ -208,13 +265,13 @@ impl Cluster {
             conf.push_str(&format!("{k} = '{v}'\n"));
         }
         append_conf(&root, &conf);
-        start_on_a_free_port(name, root)
+        start_on_a_free_port(install, name, root)
     }
 
     /// A streaming standby of this cluster (`pg_basebackup -R`), started, on a port of its own.
     pub fn standby(&self, name: &str) -> Cluster {
         let root = cluster_root(name);
-        let mut backup = server_command("pg_basebackup");
+        let mut backup = self.install.server_command("pg_basebackup");
         backup
             .args([
                 "-h",
@@ -235,12 +292,12 @@ impl Cluster {
                 root.display()
             ),
         );
-        start_on_a_free_port(name, root)
+        start_on_a_free_port(self.install, name, root)
     }
 
     /// Ends a standby's recovery: from now on it is a primary, on a timeline of its own.
     pub fn promote(&self) {
-        let mut pg_ctl = server_command("pg_ctl");
+        let mut pg_ctl = self.install.server_command("pg_ctl");
         pg_ctl
             .args(["-w", "-D"])
             .arg(self.root.join("data"))
@@ -250,7 +307,7 @@ impl Cluster {
 
     /// Stops the server (fast shutdown: sessions are disconnected), keeping its data.
     pub fn stop(&self) {
-        let mut pg_ctl = server_command("pg_ctl");
+        let mut pg_ctl = self.install.server_command("pg_ctl");
         pg_ctl
             .args(["-w", "-m", "fast", "-D"])
             .arg(self.root.join("data"))
@@ -261,7 +318,7 @@ impl Cluster {
     /// Starts a stopped server again, on the same port.
     pub fn restart(&self) {
         assert!(
-            pg_ctl_start(&self.root, self.port),
+            pg_ctl_start(self.install, &self.root, self.port),
             "cluster {}: restart failed:\n{}",
             self.name,
             self.server_log()
@@ -403,6 +460,24 @@ impl Cluster {
         fs::read(&cert).expect("read the certificate")
     }
 
+    /// Makes the server ask `role` for its password (SCRAM) on TCP connections, replication
+    /// ones too; every other role keeps `trust`.
+    pub async fn require_password(&self, role: &str) {
+        let hba = self.root.join("data/pg_hba.conf");
+        let rules = fs::read_to_string(&hba).expect("read pg_hba.conf");
+        let first = format!(
+            "host all {role} 127.0.0.1/32 scram-sha-256\n\
+             host replication {role} 127.0.0.1/32 scram-sha-256\n"
+        );
+        // Rewriting in place keeps the file owned by the server's user.
+        fs::write(&hba, first + &rules).expect("write pg_hba.conf");
+        self.connect("postgres")
+            .await
+            .batch_execute("SELECT pg_reload_conf()")
+            .await
+            .expect("reload");
+    }
+
     /// Creates `db` with `shard_directory` installed in it.
     pub async fn create_database_with_extension(&self, db: &str) {
         let admin = self.connect("postgres").await;
@@ -419,7 +494,7 @@ impl Cluster {
 
     /// A PostgreSQL client program (`createdb`, `pgbench`, `psql`, ...) pointed at this cluster.
     pub fn client_command(&self, program: &str) -> Command {
-        let mut c = Command::new(bindir().join(program));
+        let mut c = Command::new(self.install.program(program));
         c.args([
             "-h",
             "127.0.0.1",
@@ -434,7 +509,10 @@ impl Cluster {
     /// Runs one `pg_regress` test against this cluster, in a new database named after it;
     /// returns whether it passed and its report (with the diffs when it did not).
     pub fn pg_regress(&self, input_dir: &Path, output_dir: &Path, test: &str) -> (bool, String) {
-        let pg_regress = pg_config_dir("--pkglibdir").join("pgxs/src/test/regress/pg_regress");
+        let pg_regress = self
+            .install
+            .dir("--pkglibdir")
+            .join("pgxs/src/test/regress/pg_regress");
         fs::create_dir_all(output_dir).expect("create pg_regress output dir");
         // with --use-existing, pg_regress expects its database to be there
         let mut createdb = self.client_command("createdb");
@@ -442,7 +520,7 @@ impl Cluster {
         run(createdb, "createdb");
         let out = Command::new(pg_regress)
             .arg("--use-existing")
-            .arg(format!("--bindir={}", bindir().display()))
+            .arg(format!("--bindir={}", self.install.bindir.display()))
             .arg(format!("--inputdir={}", input_dir.display()))
             .arg(format!("--outputdir={}", output_dir.display()))
             .args(["--host=127.0.0.1", "--user=postgres"])
@@ -470,7 +548,7 @@ impl Cluster {
     /// and `db`, run under `wrapper` (`valgrind --tool=callgrind ...`, say) when given. The
     /// cluster must be stopped; statements go to its stdin, one per line.
     pub fn single_user(&self, db: &str, wrapper: &[&str]) -> Command {
-        let postgres = bindir().join("postgres");
+        let postgres = self.install.program("postgres");
         let mut c = match (is_root(), wrapper.split_first()) {
             (true, _) => {
                 let mut c = Command::new("runuser");
@@ -561,7 +639,7 @@ fn signal_children(sig: &str, parent: &str) {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        let mut pg_ctl = server_command("pg_ctl");
+        let mut pg_ctl = self.install.server_command("pg_ctl");
         pg_ctl
             .args(["-w", "-m", "immediate", "-D"])
             .arg(self.root.join("data"))

@@ -28,6 +28,6 @@ mod wait;
 pub mod wide;
 pub mod workload;
 
-pub use cluster::{lag_for_a_second, Cluster, CpuTimes, Frozen, Listener};
+pub use cluster::{lag_for_a_second, Cluster, CpuTimes, Frozen, Install, Listener};
 pub use topology::{reaches, Topology};
 pub use wait::{backend_pid, blocked_on, eventually, within, ANY_LOCK};

@@ -8,7 +8,7 @@ use tokio_postgres::Client;
 
 use std::time::Duration;
 
-use crate::{eventually, Cluster};
+use crate::{eventually, Cluster, Install};
 
 pub const DIRECTORY_DB: &str = "directory";
 pub const SHARD_DB: &str = "app";
@@ -67,14 +67,38 @@ impl Topology {
     /// A directory and a shard per entry of `settings` (`shard_1`, ...), each run with
     /// [`SHARD_SETTINGS`] and its own entry's (a shard in another TimeZone, say).
     pub async fn configured(name: &str, settings: &[&[(&str, &str)]]) -> Topology {
-        let directory = Cluster::start(&format!("{name}-dir"), DIRECTORY_SETTINGS);
+        let shards: Vec<_> = settings
+            .iter()
+            .map(|own| (Install::configured(), *own))
+            .collect();
+        Topology::built(name, Install::configured(), &shards).await
+    }
+
+    /// A fleet of several PostgreSQL majors: the directory on `directory`'s, a shard per entry of
+    /// `shards` on its own.
+    pub async fn mixed(name: &str, directory: u32, shards: &[u32]) -> Topology {
+        let shards: Vec<_> = shards
+            .iter()
+            .map(|major| (Install::major(*major), &[][..]))
+            .collect();
+        Topology::built(name, Install::major(directory), &shards).await
+    }
+
+    /// The directory from `directory`, and a shard per entry of `shards` from its install, run
+    /// with [`SHARD_SETTINGS`] and its own settings.
+    async fn built(
+        name: &str,
+        directory: &'static Install,
+        shards: &[(&'static Install, &[(&str, &str)])],
+    ) -> Topology {
+        let directory = Cluster::start_from(directory, &format!("{name}-dir"), DIRECTORY_SETTINGS);
         directory.create_database_with_extension(DIRECTORY_DB).await;
         let dba = directory.connect(DIRECTORY_DB).await;
-        let mut shards = Vec::new();
-        for (i, own) in settings.iter().enumerate() {
+        let mut started = Vec::new();
+        for (i, (install, own)) in shards.iter().enumerate() {
             let shard = format!("shard_{}", i + 1);
             let all: Vec<_> = SHARD_SETTINGS.iter().chain(own.iter()).copied().collect();
-            let cluster = Cluster::start(&format!("{name}-{shard}"), &all);
+            let cluster = Cluster::start_from(install, &format!("{name}-{shard}"), &all);
             cluster.create_database_with_extension(SHARD_DB).await;
             cluster
                 .connect(SHARD_DB)
@@ -88,9 +112,12 @@ impl Topology {
             )
             .await
             .expect("register the shard");
-            shards.push((shard, cluster));
+            started.push((shard, cluster));
         }
-        Topology { directory, shards }
+        Topology {
+            directory,
+            shards: started,
+        }
     }
 
     pub fn directory_config(&self) -> tokio_postgres::Config {
@@ -234,6 +261,12 @@ impl Topology {
     pub fn mover_as_role(&self, options: MoveOptions, superuser_on: Option<&str>) -> Mover {
         let mut directory = self.directory_config();
         directory.user("mover");
+        Mover::new(directory, self.overrides_as_role(superuser_on), options)
+    }
+
+    /// The shards' conninfos of [`Topology::mover_as_role`]: as role `mover` but to the shard
+    /// `superuser_on`; each subscribed to as the superuser.
+    pub fn overrides_as_role(&self, superuser_on: Option<&str>) -> Overrides {
         let mut overrides = Overrides::default();
         for (name, cluster) in &self.shards {
             let conninfo = cluster.conn_str(SHARD_DB);
@@ -247,7 +280,7 @@ impl Topology {
             };
             overrides.shards.insert(name.clone(), o);
         }
-        Mover::new(directory, overrides, options)
+        overrides
     }
 
     /// Creates role `mover` on the directory and every shard, holding nothing.

@@ -35,6 +35,24 @@ pub struct IdentityGap {
     pub usable_index: Option<String>,
 }
 
+/// Between which shards binary COPY reads back what it wrote, judged on every type of a table's
+/// columns and the types inside them (elements, domains' bases, fields, range subtypes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BinaryCopy {
+    /// A type has no binary send or receive function, or an array or composite holds a type made
+    /// on the shard: its binary form carries the type's OID, which differs between shards.
+    Never,
+    /// Between shards of one major: a type's binary form is its send and receive functions',
+    /// and types initdb makes (`information_schema`'s) have one OID per major.
+    SameMajor,
+    /// Between shards of any majors: every type is sent and received by PostgreSQL's own
+    /// functions, and every type an array or composite holds has an OID fixed in its catalog.
+    /// These are the forms of the wire protocol that drivers read from servers of every major;
+    /// and the check compares the rows' text after the copy all the same.
+    AnyMajor,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 pub struct EntityTable {
     /// `schema.table`, for messages and the move record.
@@ -62,11 +80,8 @@ pub struct EntityTable {
     /// Every sequence the table's columns draw from, quoted: serial and identity columns' own,
     /// and any other a column default calls `nextval` on.
     pub sequences: Vec<String>,
-    /// Whether binary COPY can carry every column between shards: each type (and the types inside
-    /// it: elements, domains' bases, fields, range subtypes) has binary send and receive
-    /// functions, and no array or composite holds a type made on the shard (its binary form
-    /// carries the type's OID, which differs between shards).
-    pub binary_copy: bool,
+    /// Between which shards binary COPY carries every column.
+    pub binary_copy: BinaryCopy,
     pub foreign_keys: Vec<ForeignKey>,
 }
 
@@ -148,9 +163,17 @@ SELECT coalesce(json_agg(t ORDER BY t.name), '[]')::text FROM (
                                AND NOT fa.attisdropped) x(oid, embedded)
                WHERE x.oid IS NOT NULL)
           -- Binary arrays and composites carry their elements' and fields' type OIDs, which
-          -- differ between shards for types made there (enums, domains, composites).
-          SELECT coalesce(bool_and(ty.typsend <> 0 AND ty.typreceive <> 0
-                                   AND NOT (it.embedded AND it.oid >= 16384)), true)
+          -- differ between shards for types made there (enums, domains, composites), and between
+          -- majors for types initdb makes (OIDs 10000 and up).
+          SELECT CASE
+                   WHEN NOT coalesce(bool_and(ty.typsend <> 0 AND ty.typreceive <> 0
+                                              AND NOT (it.embedded AND it.oid >= 16384)), true)
+                     THEN 'never'
+                   WHEN coalesce(bool_and(ty.typsend::oid < 10000 AND ty.typreceive::oid < 10000
+                                          AND NOT (it.embedded AND it.oid >= 10000)), true)
+                     THEN 'any_major'
+                   ELSE 'same_major'
+                 END
             FROM inner_types it JOIN pg_type ty ON ty.oid = it.oid) AS binary_copy,
          (SELECT coalesce(json_agg(json_build_object(
                      'name', f.conname,
@@ -292,7 +315,7 @@ mod tests {
             primary_key: vec![],
             identity_gaps: vec![],
             sequences: vec![],
-            binary_copy: true,
+            binary_copy: BinaryCopy::AnyMajor,
             foreign_keys: references
                 .iter()
                 .map(|r| ForeignKey {

@@ -4,15 +4,15 @@
 //! the entity is frozen, as fast as it goes; method `logical` so when asked to pace its initial
 //! copy (`initial_copy`).
 //!
-//! Binary where it is sure to read back the same ([`EntityTable::binary_copy`], both shards on
-//! one PostgreSQL major), text otherwise: the mover's sessions pin every setting that shapes a
-//! value's text (`registry`), so text reads back the same on any shard.
+//! Binary where it is sure to read back the same ([`EntityTable::binary_copy`]: between majors
+//! only for PostgreSQL's own types), text otherwise: the mover's sessions pin every setting that
+//! shapes a value's text (`registry`), so text reads back the same on any shard.
 
 use futures_util::{SinkExt, StreamExt};
 use shard_directory_protocol::EntityKey;
 use tokio_postgres::{Client, IsolationLevel, Transaction};
 
-use crate::catalog::EntityTable;
+use crate::catalog::{BinaryCopy, EntityTable};
 use crate::error::{At, Error, Place, Step};
 use crate::fence;
 
@@ -99,10 +99,10 @@ pub(crate) async fn copy_rows(
     let every = pace.every();
     for t in tables {
         let columns = t.column_list();
-        let format = if t.binary_copy && source_major == target_major {
-            "binary"
-        } else {
-            "text"
+        let format = match t.binary_copy {
+            BinaryCopy::AnyMajor => "binary",
+            BinaryCopy::SameMajor if source_major == target_major => "binary",
+            _ => "text",
         };
         let out = read
             .copy_out(&format!(

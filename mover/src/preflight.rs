@@ -16,7 +16,7 @@ use crate::error::{At, Error, Place, Step};
 use crate::fence::{self, Fence};
 use crate::integrity;
 use crate::options::{MethodChoice, MoveOptions};
-use crate::privileges;
+use crate::privileges::{self, End};
 use crate::purge;
 use crate::record::Method;
 use crate::registry::{self, Overrides};
@@ -482,13 +482,17 @@ async fn method(
         (MethodChoice::Auto | MethodChoice::Logical, None) => Method::Logical,
         (MethodChoice::Logical, Some((problem, fix))) => return refuse(problem, fix),
     };
-    for (side, is_source) in [(source, true), (target, false)] {
-        let mut missing = privileges::missing_on_shard(&side.client, tables, method, is_source)
+    let subscriber = End::Target {
+        publisher: &source.endpoint.replication_conninfo,
+        publisher_name: source.name(),
+    };
+    for (side, end) in [(source, End::Source), (target, subscriber)] {
+        let mut missing = privileges::missing_on_shard(&side.client, tables, method, end)
             .await
             .at(Step::Preflight, side.name())?;
         if !missing.is_empty() && method == Method::Logical && options.method == MethodChoice::Auto
         {
-            let copy = privileges::missing_on_shard(&side.client, tables, Method::Copy, is_source);
+            let copy = privileges::missing_on_shard(&side.client, tables, Method::Copy, end);
             let copy = copy.await.at(Step::Preflight, side.name())?;
             if copy.is_empty() {
                 method = Method::Copy;

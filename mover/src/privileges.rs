@@ -95,13 +95,26 @@ pub(crate) async fn schema_usage(client: &Client) -> Result<Vec<String>, tokio_p
         .collect())
 }
 
-/// What the role lacks on a shard, as the source (`source`) or the target of a move by `method`.
+/// Which end of a move a shard is.
+#[derive(Clone, Copy)]
+pub(crate) enum End<'a> {
+    Source,
+    /// The target, whose subscription (method logical) connects to `publisher` (`publisher_name`'s
+    /// replication conninfo).
+    Target {
+        publisher: &'a str,
+        publisher_name: &'a str,
+    },
+}
+
+/// What the role lacks on a shard, as the `end` of a move by `method`.
 pub(crate) async fn missing_on_shard(
     client: &Client,
     tables: &[EntityTable],
     method: Method,
-    source: bool,
+    end: End<'_>,
 ) -> Result<Vec<String>, tokio_postgres::Error> {
+    let source = matches!(end, End::Source);
     let mut missing = schema_usage(client).await?;
     if !missing.is_empty() {
         return Ok(missing);
@@ -187,8 +200,37 @@ pub(crate) async fn missing_on_shard(
                         "GRANT CREATE ON DATABASE <this database> TO {role}"
                     ));
                 }
+                // A subscription applies changes as each table's owner (run_as_owner = false).
+                for t in not_owned.unwrap_or_default() {
+                    missing.push(format!(
+                        "ALTER TABLE {t} OWNER TO {role} (a subscription of a role that is not \
+                         a superuser applies changes as the tables' owner)"
+                    ));
+                }
+                if let End::Target {
+                    publisher,
+                    publisher_name,
+                } = end
+                {
+                    if !gives_password(publisher) {
+                        missing.push(format!(
+                            "a password in shard {publisher_name}'s replication_conninfo, and \
+                             password authentication for it there (PostgreSQL 16 and later let \
+                             a subscription of a role that is not a superuser connect only with \
+                             a password the publisher asked for)"
+                        ));
+                    }
+                }
             }
         }
     }
     Ok(missing)
+}
+
+/// Whether a conninfo (`key=value` or a URL) carries a password; one it cannot read is left for
+/// CREATE SUBSCRIPTION to judge.
+fn gives_password(conninfo: &str) -> bool {
+    conninfo
+        .parse::<tokio_postgres::Config>()
+        .map_or(true, |c| c.get_password().is_some())
 }

@@ -10,6 +10,7 @@ mod client_routing;
 mod directory;
 mod drills;
 mod dump;
+mod mixed_fleet;
 mod mover;
 mod mover_batch;
 mod mover_faults;
