@@ -57,5 +57,9 @@ done
 RUSTFLAGS="--cfg sd_loom" CARGO_TARGET_DIR=target/loom \
   cargo test -p shard-directory-client --lib --release loom 2>&1 | tee -a "$log"
 
+# The Debian packages (scripts/package.sh), installed: dpkg -i into the system PostgreSQL 15,
+# unpacked into the 16-18 trees, and smoke-tested on each (e2e/tests/suite/package.rs).
+bash scripts/test-packages.sh 2>&1 | tee -a "$log"
+
 # One closing line for the whole run (#[pg_test]s, unit, end-to-end, pg_regress and doc tests).
 awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed\n", p, f }' "$log"

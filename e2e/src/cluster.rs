@@ -73,6 +73,21 @@ impl Install {
         Box::leak(Box::new(install))
     }
 
+    /// Its PostgreSQL major, as `pg_config --version` says.
+    pub fn server_major(&self) -> i32 {
+        let out = Command::new(&self.pg_config)
+            .arg("--version")
+            .output()
+            .expect("run pg_config --version");
+        let version = String::from_utf8_lossy(&out.stdout);
+        version
+            .trim()
+            .strip_prefix("PostgreSQL ")
+            .and_then(|v| v.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|major| major.parse().ok())
+            .unwrap_or_else(|| panic!("pg_config --version said {version:?}"))
+    }
+
     /// A directory `pg_config` reports (`--sharedir`, `--pkglibdir`, ...).
     fn dir(&self, flag: &str) -> PathBuf {
         let out = Command::new(&self.pg_config)
@@ -313,6 +328,20 @@ impl Cluster {
             .arg(self.root.join("data"))
             .arg("stop");
         run(pg_ctl, "pg_ctl stop");
+    }
+
+    /// Stops the server as a crash would (immediate shutdown: no checkpoint, sessions cut).
+    pub fn crash(&self) {
+        run(self.immediate_stop(), "pg_ctl stop -m immediate");
+    }
+
+    fn immediate_stop(&self) -> Command {
+        let mut pg_ctl = self.install.server_command("pg_ctl");
+        pg_ctl
+            .args(["-w", "-m", "immediate", "-D"])
+            .arg(self.root.join("data"))
+            .arg("stop");
+        pg_ctl
     }
 
     /// Starts a stopped server again, on the same port.
@@ -639,12 +668,7 @@ fn signal_children(sig: &str, parent: &str) {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        let mut pg_ctl = self.install.server_command("pg_ctl");
-        pg_ctl
-            .args(["-w", "-m", "immediate", "-D"])
-            .arg(self.root.join("data"))
-            .arg("stop");
-        let _ = pg_ctl.output();
+        let _ = self.immediate_stop().output();
         if std::env::var_os("SD_KEEP_CLUSTERS").is_none() {
             let _ = fs::remove_dir_all(&self.root);
         }

@@ -144,16 +144,7 @@ impl Topology {
     /// A client `Directory` on this topology's directory database.
     /// Returns once its watcher is connected, so a test starts with notifications flowing.
     pub async fn client_directory(&self, config: DirectoryConfig) -> Directory {
-        let d = Directory::connect(self.directory_config(), config)
-            .await
-            .expect("connect directory");
-        eventually(
-            "the watcher to connect",
-            Duration::from_secs(15),
-            || async { d.is_connected().then_some(()) },
-        )
-        .await;
-        d
+        connected_directory(self.directory_config(), config).await
     }
 
     /// A router over every shard.
@@ -519,6 +510,27 @@ pub fn documented_grants(which: &str) -> String {
     let end = after[start..].find("```").expect("the block ends");
     after[start..start + end].to_owned()
 }
+
+/// A client `Directory` on the directory database at `at` (several hosts, say), returned once
+/// its watcher is connected.
+pub async fn connected_directory(at: tokio_postgres::Config, config: DirectoryConfig) -> Directory {
+    let d = Directory::connect(at, config)
+        .await
+        .expect("connect directory");
+    eventually(
+        "the watcher to connect",
+        Duration::from_secs(15),
+        || async { d.is_connected().then_some(()) },
+    )
+    .await;
+    d
+}
+
+/// What docs/operations.md lists for the logical method on a shard the mover's role publishes
+/// from (the role attribute, the database grant, the tables' ownership), on [`SHARD_SCHEMA`].
+pub const LOGICAL_SOURCE_GRANTS: &str =
+    "ALTER ROLE mover REPLICATION; GRANT CREATE ON DATABASE app TO mover;
+     ALTER TABLE orders OWNER TO mover; ALTER TABLE order_lines OWNER TO mover;";
 
 /// A client told nothing after it connects: no LISTEN, an hourly poll (as behind a pooler
 /// before its poll comes round). Only a shard's refusal, a fill or a refresh bring it news.

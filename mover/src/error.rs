@@ -4,6 +4,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use tokio_postgres::error::SqlState;
+
 use crate::phase::Phase;
 
 /// A step of a move, as errors and logs name it.
@@ -317,6 +319,34 @@ pub struct Failure {
     pub phase: Option<Phase>,
     /// When an automatic abort was tried and failed too.
     pub abort_error: Option<Error>,
+}
+
+impl Failure {
+    /// Whether the move stopped, resumable, because its directory stopped answering: the
+    /// connection closed or refused, the server shutting down or not yet accepting, or a
+    /// standby reached instead of the primary.
+    pub(crate) fn lost_directory(&self) -> bool {
+        let Error::Db {
+            place: Place::Directory,
+            source,
+            ..
+        } = &self.error
+        else {
+            return false;
+        };
+        self.left == Left::Resumable
+            && self.move_id.is_some()
+            && (source.is_closed()
+                || source.code().is_none_or(|code| {
+                    [
+                        SqlState::ADMIN_SHUTDOWN,
+                        SqlState::CRASH_SHUTDOWN,
+                        SqlState::CANNOT_CONNECT_NOW,
+                        SqlState::READ_ONLY_SQL_TRANSACTION,
+                    ]
+                    .contains(code)
+                }))
+    }
 }
 
 impl fmt::Display for Failure {

@@ -112,8 +112,10 @@ impl Mover {
         let checked = preflight(&directory, &self.overrides, &self.options, key, target)
             .await
             .map_err(Failure::untouched)?;
-        self.launch(directory, checked, &self.options, batch_id, None)
-            .await
+        let ran = self
+            .launch(directory, checked, &self.options, batch_id, None)
+            .await;
+        self.through_outages(ran).await
     }
 
     /// Moves the entity of reversible move `move_id` back to where it came from: a move the
@@ -138,8 +140,10 @@ impl Mover {
             keep_source: false,
             ..self.options.clone()
         };
-        self.launch(directory, checked, &options, None, Some(move_id))
-            .await
+        let ran = self
+            .launch(directory, checked, &options, None, Some(move_id))
+            .await;
+        self.through_outages(ran).await
     }
 
     /// Ends reversible move `move_id` where it is: drops its way back and deletes the entity's
@@ -278,6 +282,58 @@ impl Mover {
 
     /// Continues move `move_id` from where its record and the real state say it is.
     pub async fn resume(&self, move_id: i64) -> Result<MoveRecord, Failure> {
+        let ran = self.resume_once(move_id).await;
+        self.through_outages(ran).await
+    }
+
+    /// A move that stopped because its directory stopped answering is resumed once the
+    /// directory answers again (a multi-host conninfo reaches the standby promoted in its
+    /// place), for up to `directory_patience` from when it stopped (again from each outage a
+    /// resumed move meets further on). Every step reads the real state again, so one that was
+    /// under way when the directory went is redone or skipped.
+    async fn through_outages(
+        &self,
+        mut ran: Result<MoveRecord, Failure>,
+    ) -> Result<MoveRecord, Failure> {
+        let patience = self.options.directory_patience;
+        let mut outage: Option<(Option<Phase>, std::time::Instant)> = None;
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let failure = match ran {
+                Err(failure) if failure.lost_directory() && !patience.is_zero() => failure,
+                done => return done,
+            };
+            let move_id = failure.move_id.expect("a lost directory names its move");
+            // A resume that could not read the record knows no phase: the same outage.
+            let deadline = match outage {
+                Some((phase, deadline)) if failure.phase.is_none_or(|p| Some(p) == phase) => {
+                    deadline
+                }
+                _ => {
+                    self.observer.note(
+                        move_id,
+                        &format!(
+                            "the directory stopped answering ({}); resuming once it answers, \
+                             for up to {patience:?}",
+                            failure.error
+                        ),
+                    );
+                    pause = Duration::from_millis(100);
+                    std::time::Instant::now() + patience
+                }
+            };
+            outage = Some((failure.phase.or(outage.and_then(|o| o.0)), deadline));
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return Err(failure);
+            }
+            tokio::time::sleep(pause.min(deadline - now)).await;
+            pause = (pause * 2).min(Duration::from_secs(2));
+            ran = self.resume_once(move_id).await;
+        }
+    }
+
+    async fn resume_once(&self, move_id: i64) -> Result<MoveRecord, Failure> {
         let run = self
             .open(move_id)
             .await

@@ -69,6 +69,10 @@ pub struct MoveOptions {
     /// How old the entities' sizes a plan of many moves reads from the directory
     /// (`shard_sizes`) may be; older ones are measured again on the shard (`ZERO`: always).
     pub sizes_max_age: Duration,
+    /// How long a move whose directory stopped answering (its server crashed, or failed over to
+    /// a standby that a multi-host conninfo finds) keeps trying to reach it again, then goes on
+    /// from its record; `ZERO`: it stops at once, resumable.
+    pub directory_patience: Duration,
 }
 
 impl MoveOptions {
@@ -142,6 +146,7 @@ impl Default for MoveOptions {
             max_slot_lag: 1 << 30,
             lease_grace: Duration::from_secs(10),
             sizes_max_age: Duration::from_secs(10 * 60),
+            directory_patience: Duration::from_secs(60),
         }
     }
 }

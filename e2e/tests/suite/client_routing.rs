@@ -12,7 +12,7 @@ use shard_directory_client::{
     State,
 };
 use shard_directory_e2e::redis::RedisServer;
-use shard_directory_e2e::topology::{told_nothing, DIRECTORY_DB};
+use shard_directory_e2e::topology::{connected_directory, told_nothing, DIRECTORY_DB};
 use shard_directory_e2e::workload::count_orders;
 use shard_directory_e2e::{eventually, reaches, Cluster, Topology};
 
@@ -66,13 +66,7 @@ async fn a_directory_promoted_without_its_last_change_is_another_history() {
         .query_timeout(second)
         .max_reconnect_backoff(Duration::from_millis(200))
         .shared_cache(SharedCacheConfig::new(redis.url()));
-    let d = Directory::connect(both.clone(), config.clone())
-        .await
-        .unwrap();
-    eventually("the watcher to connect", DEADLINE, || async {
-        d.is_connected().then_some(())
-    })
-    .await;
+    let d = connected_directory(both.clone(), config.clone()).await;
     let router = t.router(d.clone());
 
     // The standby stops hearing from the primary; then the primary re-points tenant 1.

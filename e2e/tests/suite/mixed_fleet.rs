@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shard_directory_client::{DirectoryConfig, EntityKey};
+use shard_directory_e2e::topology::LOGICAL_SOURCE_GRANTS;
 use shard_directory_e2e::workload::{refusals, Audit, Ledger, Workload};
 use shard_directory_e2e::{eventually, Topology};
 use shard_directory_mover::{Method, MethodChoice, MoveOptions, Mover, Phase};
@@ -78,19 +79,9 @@ async fn invoices(t: &Topology, shard: &str, tenant: &str) -> String {
 
 /// 300 invoices and 50 contacts for `tenant` (a plain name) on `shard`, written as a client at the current version would.
 async fn seed_invoices(t: &Topology, shard: &str, tenant: &str) {
-    let version = t.step("SELECT shard_directory.current_version()").await;
-    let mut c = t.shard(shard).await;
-    let tx = c.transaction().await.unwrap();
-    tx.execute(
-        "SELECT set_config('app.directory_version', $1, true)",
-        &[&version.to_string()],
-    )
-    .await
-    .unwrap();
-    tx.batch_execute(&SEED_INVOICES.replace("$1", &format!("'{tenant}'")))
+    t.write_as_client(shard, &SEED_INVOICES.replace("$1", &format!("'{tenant}'")))
         .await
         .unwrap();
-    tx.commit().await.unwrap();
 }
 
 /// Table -> the formats the mover's `COPY ... FROM STDIN` took on `shard`, from its log.
@@ -310,12 +301,11 @@ async fn a_role_without_superuser_moves_logically_onto_18_and_is_told_what_15_ne
     .await;
     t.shard("shard_1")
         .await
-        .batch_execute(
-            "ALTER ROLE mover REPLICATION; GRANT CREATE ON DATABASE app TO mover;
-             ALTER TABLE orders OWNER TO mover; ALTER TABLE order_lines OWNER TO mover;
+        .batch_execute(&format!(
+            "{LOGICAL_SOURCE_GRANTS}
              CREATE ROLE replicator LOGIN REPLICATION PASSWORD 'secret';
-             GRANT SELECT ON orders, order_lines TO replicator;",
-        )
+             GRANT SELECT ON orders, order_lines TO replicator;"
+        ))
         .await
         .unwrap();
     t.shard_cluster("shard_1")
@@ -359,10 +349,9 @@ async fn a_role_without_superuser_moves_logically_onto_18_and_is_told_what_15_ne
     .await;
     t.shard("shard_2")
         .await
-        .batch_execute(
-            "GRANT pg_create_subscription TO mover; GRANT CREATE ON DATABASE app TO mover;
-             ALTER TABLE orders OWNER TO mover; ALTER TABLE order_lines OWNER TO mover;",
-        )
+        .batch_execute(&format!(
+            "GRANT pg_create_subscription TO mover; {LOGICAL_SOURCE_GRANTS}"
+        ))
         .await
         .unwrap();
     refused(&["a password in shard shard_1's replication_conninfo"]).await;
@@ -378,12 +367,7 @@ async fn a_role_without_superuser_moves_logically_onto_18_and_is_told_what_15_ne
     assert_eq!(t.rows("shard_2", "a").await, (5, 10));
     assert_eq!(t.rows("shard_1", "a").await, (0, 0));
 
-    // Back: 18 publishes (as 15 did), and 15 cannot subscribe without a superuser.
-    t.shard("shard_2")
-        .await
-        .batch_execute("ALTER ROLE mover REPLICATION")
-        .await
-        .unwrap();
+    // Back: 18 publishes (it has what 15 had), and 15 cannot subscribe without a superuser.
     let failure = mover("user=replicator password=secret")
         .start(key, "shard_1")
         .await

@@ -7,7 +7,7 @@
 
 use shard_directory_client::EntityKey;
 use shard_directory_e2e::observe;
-use shard_directory_e2e::topology::documented_grants;
+use shard_directory_e2e::topology::{documented_grants, LOGICAL_SOURCE_GRANTS};
 use shard_directory_e2e::Topology;
 use shard_directory_mover::{
     drain, BatchOptions, BatchState, Error, Left, Method, MethodChoice, MoveOptions, Mover,
@@ -142,10 +142,7 @@ async fn a_role_holding_exactly_what_readme_lists_moves_tenants_and_nothing_less
     // PostgreSQL 15: a superuser on the target), logical moves too.
     t.shard("shard_1")
         .await
-        .batch_execute(
-            "ALTER ROLE mover REPLICATION; GRANT CREATE ON DATABASE app TO mover;
-             ALTER TABLE orders OWNER TO mover; ALTER TABLE order_lines OWNER TO mover;",
-        )
+        .batch_execute(LOGICAL_SOURCE_GRANTS)
         .await
         .unwrap();
     // Paced, the mover makes the initial copy itself (the check's lock taken through a fence

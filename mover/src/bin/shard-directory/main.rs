@@ -76,6 +76,11 @@ struct Tuning {
     /// How much longer than --max-freeze a freeze holds when no mover ends it.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s", global = true)]
     lease_grace: Duration,
+    /// How long a move keeps trying to reach its directory again when it stops answering (a
+    /// crash, a failover: give the directory's hosts as host=a,b target_session_attrs=read-write),
+    /// then goes on from its record. 0s: it stops, resumable.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s", global = true)]
+    directory_patience: Duration,
     /// Print the result as JSON on stdout (move, resume, abort, purge-source).
     #[arg(long, global = true)]
     json: bool,
@@ -604,6 +609,7 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
         fence_patience: tuning.fence_wait,
         max_slot_lag: tuning.max_slot_lag,
         lease_grace: tuning.lease_grace,
+        directory_patience: tuning.directory_patience,
         ..Default::default()
     };
     if let Command::Move {
