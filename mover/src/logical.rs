@@ -20,7 +20,10 @@ use crate::error::{At, Error, Step};
 /// Why creating or adopting a replication object did not succeed.
 #[derive(Debug)]
 pub(crate) enum Trouble {
+    /// On the publisher (the shard the rows come from).
     Db(tokio_postgres::Error),
+    /// On the subscriber: the subscription is the other shard's.
+    Subscriber(tokio_postgres::Error),
     /// An object of this move's name exists but says it belongs to another move.
     NotOurs(String),
     /// The slot waited too long for these transactions in progress on the source.
@@ -30,6 +33,16 @@ pub(crate) enum Trouble {
 impl From<tokio_postgres::Error> for Trouble {
     fn from(e: tokio_postgres::Error) -> Trouble {
         Trouble::Db(e)
+    }
+}
+
+impl Trouble {
+    /// The same trouble, met on the subscriber.
+    fn on_subscriber(self) -> Trouble {
+        match self {
+            Trouble::Db(e) => Trouble::Subscriber(e),
+            other => other,
+        }
     }
 }
 
@@ -265,7 +278,8 @@ pub(crate) async fn ensure_subscription(
         name,
         signature,
     )
-    .await?
+    .await
+    .map_err(Trouble::on_subscriber)?
     {
         return Ok(());
     }
@@ -290,9 +304,13 @@ pub(crate) async fn ensure_subscription(
                 }),
             ],
         )
-        .await?
+        .await
+        .map_err(Trouble::Subscriber)?
         .get(0);
-    target.batch_execute(&ddl).await.map_err(Trouble::from)
+    target
+        .batch_execute(&ddl)
+        .await
+        .map_err(Trouble::Subscriber)
 }
 
 /// Turns a subscription that stopped after an error (`disable_on_error`) back on.

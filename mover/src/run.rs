@@ -489,11 +489,23 @@ impl<'m> Run<'m> {
         self.entered().await
     }
 
-    fn replication_trouble(&self, step: Step, shard: &str, trouble: Trouble, what: &str) -> Error {
+    /// `trouble` of the replication from `shard` (the publisher) to `subscriber`.
+    fn replication_trouble(
+        &self,
+        step: Step,
+        (shard, subscriber): (&str, &str),
+        trouble: Trouble,
+        what: &str,
+    ) -> Error {
         match trouble {
             Trouble::Db(e) => Error::Db {
                 step,
                 place: Place::Shard(shard.to_owned()),
+                source: e,
+            },
+            Trouble::Subscriber(e) => Error::Db {
+                step,
+                place: Place::Shard(subscriber.to_owned()),
                 source: e,
             },
             Trouble::NotOurs(why) => Error::State {
@@ -538,7 +550,8 @@ impl<'m> Run<'m> {
         )
         .await;
         publication.map_err(|t| {
-            self.replication_trouble(Step::Replicate, self.source.name(), t, "the publication")
+            let shards = (self.source.name(), target.name());
+            self.replication_trouble(Step::Replicate, shards, t, "the publication")
         })?;
         let subscription = logical::ensure_subscription(
             &self.source.client,
@@ -556,7 +569,8 @@ impl<'m> Run<'m> {
         .await;
         subscription.map_err(|t| {
             let what = format!("creating replication slot {name}");
-            self.replication_trouble(Step::Replicate, self.source.name(), t, &what)
+            let shards = (self.source.name(), target.name());
+            self.replication_trouble(Step::Replicate, shards, t, &what)
         })?;
         if paced {
             return self.copy_paced().await;
@@ -1288,7 +1302,9 @@ impl<'m> Run<'m> {
         let (tables, entity_id) = (&self.tables, &self.key.entity_id);
         logical::ensure_publication(&target.client, &name, tables, entity_id, &signature)
             .await
-            .map_err(|t| self.replication_trouble(step, from, t, "the way back's publication"))?;
+            .map_err(|t| {
+                self.replication_trouble(step, (from, to), t, "the way back's publication")
+            })?;
         logical::ensure_subscription(
             &target.client,
             &self.source.client,
@@ -1301,7 +1317,7 @@ impl<'m> Run<'m> {
         .await
         .map_err(|t| {
             let what = format!("creating replication slot {name}");
-            self.replication_trouble(step, from, t, &what)
+            self.replication_trouble(step, (from, to), t, &what)
         })
     }
 

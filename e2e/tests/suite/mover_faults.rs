@@ -623,3 +623,49 @@ async fn cleanup_drops_tablesync_slots_whose_subscription_is_gone_and_no_other()
         "{slots:?}"
     );
 }
+
+/// A subscription the target's server refuses to create (here its conninfo names an option
+/// libpq does not know) is reported on the target, the shard that refused it, not on the
+/// source; the move stops resumable and an abort leaves nothing behind.
+#[tokio::test]
+async fn a_subscription_the_target_refuses_is_reported_on_the_target() {
+    let t = Topology::start("faults-subscriber").await;
+    t.add_tenant("a", "shard_1").await;
+    t.seed_orders("shard_1", "a", 5, 1).await;
+    let mut overrides = shard_directory_mover::Overrides::default();
+    overrides.shards.insert(
+        "shard_1".into(),
+        shard_directory_mover::ShardOverride {
+            conninfo: None,
+            replication_conninfo: Some(format!(
+                "{} password=unused no_such_option=1",
+                t.shard_cluster("shard_1").conn_str("app")
+            )),
+        },
+    );
+    let failure = shard_directory_mover::Mover::new(t.directory_config(), overrides, logical())
+        .start(&tenant("a"), "shard_2")
+        .await
+        .expect_err("the target refuses the subscription");
+    let message = failure.to_string();
+    assert!(
+        matches!(&failure.error, Error::Db { place, .. } if place.to_string() == "shard shard_2"),
+        "{message}"
+    );
+    assert!(message.contains("no_such_option"), "{message}");
+    assert_eq!(failure.left, Left::Resumable, "{message}");
+    let id = failure.move_id.expect("the move was recorded");
+    let aborted = t
+        .mover(logical())
+        .abort(id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(aborted.phase, Phase::Aborted);
+    assert_eq!(t.placement("a").await, "shard_1");
+    assert_eq!(t.rows("shard_1", "a").await, (5, 5));
+    assert!(
+        t.replication_objects().await.is_empty(),
+        "{:?}",
+        t.replication_objects().await
+    );
+}
