@@ -321,31 +321,35 @@ pub struct Failure {
     pub abort_error: Option<Error>,
 }
 
-impl Failure {
-    /// Whether the move stopped, resumable, because its directory stopped answering: the
-    /// connection closed or refused, the server shutting down or not yet accepting, or a
-    /// standby reached instead of the primary.
+impl Error {
+    /// Whether the directory stopped answering: the connection closed or refused, the server
+    /// shutting down or not yet accepting, or a standby reached instead of the primary.
     pub(crate) fn lost_directory(&self) -> bool {
         let Error::Db {
             place: Place::Directory,
             source,
             ..
-        } = &self.error
+        } = self
         else {
             return false;
         };
-        self.left == Left::Resumable
-            && self.move_id.is_some()
-            && (source.is_closed()
-                || source.code().is_none_or(|code| {
-                    [
-                        SqlState::ADMIN_SHUTDOWN,
-                        SqlState::CRASH_SHUTDOWN,
-                        SqlState::CANNOT_CONNECT_NOW,
-                        SqlState::READ_ONLY_SQL_TRANSACTION,
-                    ]
-                    .contains(code)
-                }))
+        source.is_closed()
+            || source.code().is_none_or(|code| {
+                [
+                    SqlState::ADMIN_SHUTDOWN,
+                    SqlState::CRASH_SHUTDOWN,
+                    SqlState::CANNOT_CONNECT_NOW,
+                    SqlState::READ_ONLY_SQL_TRANSACTION,
+                ]
+                .contains(code)
+            })
+    }
+}
+
+impl Failure {
+    /// Whether the move stopped, resumable, because its directory stopped answering.
+    pub(crate) fn lost_directory(&self) -> bool {
+        self.left == Left::Resumable && self.move_id.is_some() && self.error.lost_directory()
     }
 }
 

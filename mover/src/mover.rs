@@ -105,6 +105,52 @@ impl Mover {
         target: &str,
         batch_id: Option<i64>,
     ) -> Result<MoveRecord, Failure> {
+        let patience = self.options.directory_patience;
+        let deadline = std::time::Instant::now() + patience;
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let failure = match self.start_once(key, target, batch_id).await {
+                Err(f) if f.move_id.is_none() && f.error.lost_directory() => f,
+                ran => return self.through_outages(ran).await,
+            };
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return Err(failure);
+            }
+            tracing::warn!(entity = %key, error = %failure.error,
+                "the directory stopped answering before the move was recorded; starting once it answers");
+            tokio::time::sleep(pause.min(deadline - now)).await;
+            pause = (pause * 2).min(Duration::from_secs(2));
+            // The move may have been recorded before the directory went, unacknowledged: an
+            // open move of the entity to the target is this one (resume refuses it if another
+            // process drives it).
+            if let Ok(Some(id)) = self.open_move_of(key, target).await {
+                return self.resume(id).await;
+            }
+        }
+    }
+
+    /// The open move of `key` to `target`, if any.
+    async fn open_move_of(&self, key: &EntityKey, target: &str) -> Result<Option<i64>, Error> {
+        let directory = self.connect_directory(None).await?;
+        let row = directory
+            .query_opt(
+                "SELECT move_id FROM shard_directory.shard_moves \
+                 WHERE entity_type = $1 AND entity_id = $2 AND target_shard = $3 \
+                   AND finished_at IS NULL",
+                &[&key.entity_type, &key.entity_id, &target],
+            )
+            .await
+            .at(Step::Record, Place::Directory)?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    async fn start_once(
+        &self,
+        key: &EntityKey,
+        target: &str,
+        batch_id: Option<i64>,
+    ) -> Result<MoveRecord, Failure> {
         let directory = self
             .connect_directory(None)
             .await
@@ -112,10 +158,8 @@ impl Mover {
         let checked = preflight(&directory, &self.overrides, &self.options, key, target)
             .await
             .map_err(Failure::untouched)?;
-        let ran = self
-            .launch(directory, checked, &self.options, batch_id, None)
-            .await;
-        self.through_outages(ran).await
+        self.launch(directory, checked, &self.options, batch_id, None)
+            .await
     }
 
     /// Moves the entity of reversible move `move_id` back to where it came from: a move the

@@ -27,7 +27,9 @@ const CONVERGED: Duration = Duration::from_secs(15);
 async fn synchronous_standby(t: &Topology, name: &str) -> (Cluster, tokio_postgres::Config) {
     let standby = t.directory.standby(name);
     let primary = t.directory.connect(DIRECTORY_DB).await;
+    // The harness's clusters run with synchronous_commit off: on, as a directory should.
     for step in [
+        "ALTER SYSTEM SET synchronous_commit = on",
         "ALTER SYSTEM SET synchronous_standby_names = '*'",
         "SELECT pg_reload_conf()",
     ] {
@@ -56,11 +58,17 @@ async fn synchronous_standby(t: &Topology, name: &str) -> (Cluster, tokio_postgr
     (standby, both)
 }
 
-/// Crashes the directory's primary and promotes `standby`; returns when. The crashed primary's
-/// address then closes every connection, as a dead host's refuses them: the tests of the suite
-/// run side by side, and another's cluster could otherwise start on the freed port and answer
-/// in its place (with a directory of its own).
+/// Crashes the directory's primary and promotes `standby`; returns when.
 fn fail_over(t: &Topology, standby: &Cluster) -> Instant {
+    crash(t);
+    standby.promote();
+    Instant::now()
+}
+
+/// Crashes the directory's primary. Its address then closes every connection, as a dead host's
+/// refuses them: the tests of the suite run side by side, and another's cluster could otherwise
+/// start on the freed port and answer in its place (with a directory of its own).
+fn crash(t: &Topology) {
     t.directory.crash();
     let dead = std::net::TcpListener::bind(("127.0.0.1", t.directory.port()))
         .expect("hold the crashed primary's port");
@@ -69,8 +77,6 @@ fn fail_over(t: &Topology, standby: &Cluster) -> Instant {
             drop(connection);
         }
     });
-    standby.promote();
-    Instant::now()
 }
 
 struct Fleet {
@@ -260,4 +266,47 @@ async fn a_directory_failover_inside_the_copy_under_writers_and_the_move_finishe
     };
     std::mem::swap(&mut t.directory, &mut standby);
     after_failover(&t, fleet, (moved, act.notes()), (promoted, watch)).await;
+}
+
+/// A move asked for while the directory is down (its primary crashed, the standby not yet
+/// promoted) is recorded and made once the standby is promoted, without anyone asking again.
+#[tokio::test]
+async fn a_move_asked_for_while_the_directory_fails_over_begins_once_it_is_promoted() {
+    let mut t = Topology::start("failover-start").await;
+    let (mut standby, both) = synchronous_standby(&t, "failover-start-standby").await;
+    t.add_tenant("m", "shard_1").await;
+    t.seed_orders("shard_1", "m", 10, 1).await;
+    crash(&t);
+    let crashed = std::time::SystemTime::now();
+    let options = MoveOptions {
+        method: MethodChoice::Copy,
+
+        ..Default::default()
+    };
+    let mover = Mover::new(both, Overrides::default(), options);
+    let key = EntityKey::new("tenant", "m");
+    let (moved, ()) = tokio::join!(mover.start(&key, "shard_2"), async {
+        // The outage lasts a second: the mover is refused meanwhile.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        standby.promote();
+    });
+    let record = moved.unwrap_or_else(|e| panic!("the move through the outage: {e}"));
+    assert_eq!(record.phase, Phase::Done);
+    std::mem::swap(&mut t.directory, &mut standby);
+    let started: std::time::SystemTime = t
+        .dba()
+        .await
+        .query_one(
+            "SELECT started_at FROM shard_directory.shard_moves WHERE move_id = $1",
+            &[&record.move_id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        started >= crashed + Duration::from_millis(900),
+        "recorded once the standby was promoted"
+    );
+    assert_eq!(t.placement("m").await, "shard_2");
+    assert_eq!(t.rows("shard_2", "m").await, (10, 10));
 }
