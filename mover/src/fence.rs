@@ -5,6 +5,8 @@ use serde::{Deserialize, Serialize};
 use shard_directory_protocol::EntityKey;
 use tokio_postgres::Client;
 
+use crate::patience::Patience;
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum Fence {
@@ -155,17 +157,16 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<(), tokio_postgres::Error>>,
 {
-    let started = std::time::Instant::now();
-    let mut pause = std::time::Duration::from_millis(100);
+    let mut patience = Patience::new(patience);
     loop {
         match change().await {
+            // Not past the patience: the caller's lock timeout comes on top of the pause.
             Err(e)
                 if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE)
-                    && started.elapsed() + pause < patience =>
+                    && patience.fits() =>
             {
                 tracing::info!(error = %e, "a fence change waited for checked transactions; retrying");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(std::time::Duration::from_secs(2));
+                patience.pause().await;
             }
             other => return other,
         }

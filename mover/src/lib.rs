@@ -55,6 +55,7 @@ mod logical;
 mod mover;
 mod observer;
 mod options;
+mod patience;
 mod pgoutput;
 mod phase;
 mod preflight;

@@ -22,6 +22,7 @@ use crate::error::{At, Error, Failure, Place, Step};
 use crate::logical;
 use crate::observer::{LogObserver, Observer};
 use crate::options::MoveOptions;
+use crate::patience::Patience;
 use crate::phase::Phase;
 use crate::preflight::{preflight, Plan};
 use crate::reconcile::Stray;
@@ -105,22 +106,20 @@ impl Mover {
         target: &str,
         batch_id: Option<i64>,
     ) -> Result<MoveRecord, Failure> {
-        let patience = self.options.directory_patience;
-        let deadline = std::time::Instant::now() + patience;
-        let mut pause = Duration::from_millis(100);
+        let mut patience = Patience::new(self.options.directory_patience);
+        let mut warned = false;
         loop {
             let failure = match self.start_once(key, target, batch_id).await {
                 Err(f) if f.move_id.is_none() && f.error.lost_directory() => f,
                 ran => return self.through_outages(ran).await,
             };
-            let now = std::time::Instant::now();
-            if now >= deadline {
+            if !std::mem::replace(&mut warned, true) {
+                tracing::warn!(entity = %key, error = %failure.error,
+                    "the directory stopped answering before the move was recorded; starting once it answers");
+            }
+            if !patience.pause().await {
                 return Err(failure);
             }
-            tracing::warn!(entity = %key, error = %failure.error,
-                "the directory stopped answering before the move was recorded; starting once it answers");
-            tokio::time::sleep(pause.min(deadline - now)).await;
-            pause = (pause * 2).min(Duration::from_secs(2));
             // The move may have been recorded before the directory went, unacknowledged: an
             // open move of the entity to the target is this one (resume refuses it if another
             // process drives it).
@@ -340,8 +339,7 @@ impl Mover {
         mut ran: Result<MoveRecord, Failure>,
     ) -> Result<MoveRecord, Failure> {
         let patience = self.options.directory_patience;
-        let mut outage: Option<(Option<Phase>, std::time::Instant)> = None;
-        let mut pause = Duration::from_millis(100);
+        let mut outage: Option<(Option<Phase>, Patience)> = None;
         loop {
             let failure = match ran {
                 Err(failure) if failure.lost_directory() && !patience.is_zero() => failure,
@@ -349,9 +347,9 @@ impl Mover {
             };
             let move_id = failure.move_id.expect("a lost directory names its move");
             // A resume that could not read the record knows no phase: the same outage.
-            let deadline = match outage {
-                Some((phase, deadline)) if failure.phase.is_none_or(|p| Some(p) == phase) => {
-                    deadline
+            let (phase, mut waiting) = match outage.take() {
+                Some((phase, waiting)) if failure.phase.is_none_or(|p| Some(p) == phase) => {
+                    (failure.phase.or(phase), waiting)
                 }
                 _ => {
                     self.observer.note(
@@ -362,17 +360,13 @@ impl Mover {
                             failure.error
                         ),
                     );
-                    pause = Duration::from_millis(100);
-                    std::time::Instant::now() + patience
+                    (failure.phase, Patience::new(patience))
                 }
             };
-            outage = Some((failure.phase.or(outage.and_then(|o| o.0)), deadline));
-            let now = std::time::Instant::now();
-            if now >= deadline {
+            if !waiting.pause().await {
                 return Err(failure);
             }
-            tokio::time::sleep(pause.min(deadline - now)).await;
-            pause = (pause * 2).min(Duration::from_secs(2));
+            outage = Some((phase, waiting));
             ran = self.resume_once(move_id).await;
         }
     }
