@@ -7,6 +7,8 @@
 #   drain      a shard of 200 tenants of mixed sizes drained by a plan: --parallel 1 vs 2
 #   directory  one entry's UPDATE: plain table vs the guide's PL/pgSQL trigger vs the extension
 #   churn      cache hit rate while tenants are inserted: invalidation by entity vs full flush
+#   shared     the shared (Redis) cache's hit rate for fresh instances under the same churn
+#   replica    the directory primary's CPU per lookup miss, without and with a read replica
 #   lookup     a cache hit against a Mutex<HashMap> of the same entries
 #   fanout     COMMIT to every one of N client instances (over 4 processes) knowing the version
 #   poll       the read every instance makes per change: the version row vs changes_since()
@@ -15,9 +17,9 @@
 # in all). Every run writes its output, with the date and the machine, to
 # bench/results/results.md, and `fanout` its samples and a chart (bench/results/fanout.{csv,svg});
 # --quick writes under bench/results/quick/ instead.
-# Settings: BENCH_SECONDS, BENCH_ROUNDS (check, directory; BENCH_SECONDS also churn), BENCH_CLIENTS
-# (check), BENCH_MOVES (move, freeze), BENCH_SIZES (freeze), BENCH_TENANTS and BENCH_METHOD (drain), BENCH_ROWS and BENCH_MAX_RATE (throttle), BENCH_ENTRIES (churn; lookup: sizes, comma-separated),
-# BENCH_INSERTS (churn), BENCH_INSTANCES and BENCH_CHANGES (fanout), BENCH_TRIALS (recovery).
+# Settings: BENCH_SECONDS, BENCH_ROUNDS (check, directory, replica; BENCH_SECONDS also churn, shared), BENCH_CLIENTS
+# (check), BENCH_MOVES (move, freeze), BENCH_SIZES (freeze), BENCH_TENANTS and BENCH_METHOD (drain), BENCH_ROWS and BENCH_MAX_RATE (throttle), BENCH_ENTRIES (churn, shared, replica; lookup: sizes, comma-separated),
+# BENCH_INSERTS (churn, shared), BENCH_LOOKUPS (shared, replica), BENCH_INSTANCES and BENCH_CHANGES (fanout), BENCH_TRIALS (recovery).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,7 +47,7 @@ mkdir -p "bench/$BENCH_RESULTS"
   echo "Command: bash scripts/bench.sh $( [ "$BENCH_RESULTS" = results/quick ] && echo '--quick ')${*:-}"
   echo
 } > "$results"
-for bench in ${@:-check move freeze throttle drain directory churn lookup fanout poll recovery}; do
+for bench in ${@:-check move freeze throttle drain directory churn shared replica lookup fanout poll recovery}; do
   echo "## $bench" >> "$results"
   echo >> "$results"
   "target/release/bench_$bench" | tee -a "$results"

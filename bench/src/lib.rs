@@ -5,12 +5,88 @@
 //! - `pgbench`: a pgbench run, its TPS, rounds interleaved and paired;
 //! - `chart`: SVG charts of distributions;
 //! - a benchmark's settings from the environment, its directory, a tenant of a given size,
-//!   where its results go.
+//!   onboarding churn, lookups of many tenants, where its results go.
 
 pub mod chart;
 pub mod pgbench;
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use shard_directory_client::Directory;
 use shard_directory_e2e::{Cluster, Topology};
+
+/// Tenants `1` to `entries` on shard_1 in the benchmark's directory, analyzed.
+pub async fn seed_tenants(dba: &tokio_postgres::Client, entries: u64) {
+    dba.batch_execute(&format!(
+        "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) \
+           SELECT 'tenant', i::text, 'shard_1' FROM generate_series(1, {entries}) i"
+    ))
+    .await
+    .unwrap();
+    dba.batch_execute("VACUUM ANALYZE").await.unwrap();
+}
+
+/// Onboarding churn: new tenants (`new-0`, `new-1`, ...) inserted into database `bench` at a
+/// steady rate until [`Onboarding::stop`].
+pub struct Onboarding {
+    stop: Arc<AtomicBool>,
+    inserted: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Onboarding {
+    pub async fn start(cluster: &Cluster, per_second: u64) -> Onboarding {
+        let (stop, inserted) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicU64::new(0)),
+        );
+        let w = cluster.connect("bench").await;
+        let task = {
+            let (stop, inserted) = (stop.clone(), inserted.clone());
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(1) / per_second as u32);
+                while !stop.load(Relaxed) {
+                    tick.tick().await;
+                    let id = format!("new-{}", inserted.fetch_add(1, Relaxed));
+                    w.execute(
+                        "INSERT INTO shard_directory.shard_directory \
+                           (entity_type, entity_id, shard_name) VALUES ('tenant', $1, 'shard_1')",
+                        &[&id],
+                    )
+                    .await
+                    .unwrap();
+                }
+            })
+        };
+        Onboarding {
+            stop,
+            inserted,
+            task,
+        }
+    }
+
+    /// Stops the inserts; returns how many there were.
+    pub async fn stop(self) -> u64 {
+        self.stop.store(true, Relaxed);
+        self.task.await.unwrap();
+        self.inserted.load(Relaxed)
+    }
+}
+
+/// Looks up tenants `ids` on `d`, `at_once` at a time.
+pub async fn look_up(d: &Directory, ids: impl Iterator<Item = u64>, at_once: usize) {
+    futures_util::stream::iter(ids)
+        .map(|i| {
+            let d = d.clone();
+            async move { d.lookup("tenant", &i.to_string()).await.unwrap() }
+        })
+        .buffer_unordered(at_once)
+        .for_each(|_| async {})
+        .await;
+}
 
 /// A benchmark's directory: a throwaway cluster with the library preloaded (as docs/shard.md recommends
 /// for a directory) and `settings`, database `bench` with the extension and one shard

@@ -8,7 +8,10 @@
 //! where nothing is cached) *before* it raises the known version to `to`, and a fill stores an entry
 //! only when, atomically with the store, the key holds no tombstone newer than its read and its read
 //! is not older than the known version. A lookup loads the known version *before* it reads the
-//! entry, so the stamp it uses never runs ahead of the marks it saw.
+//! entry, so the stamp it uses never runs ahead of the marks it saw. An entry another instance
+//! read at an older version (the shared cache's) holds it too: it is stored only when the change
+//! log ([`crate::change_log`]), which every advance fills in the same turn as its marks, says its
+//! key did not change since the read, checked and stored in that turn.
 //!
 //! When the directory cannot say what changed (history purged, too many changes, an older
 //! extension), a full flush bumps the epoch: entries of an older epoch are never served as
@@ -31,6 +34,9 @@ use std::sync::{
 
 use crate::cache_key::CacheKey;
 use crate::cache_map::Map;
+use crate::change_log::ChangeLog;
+#[cfg(any(feature = "redis", test))]
+use crate::change_log::Since;
 use crate::entry::{AsKeyRef, EntityKey, Entry, State};
 use crate::metrics::Counters;
 use crate::name::Name;
@@ -132,8 +138,9 @@ pub(crate) struct Cache {
     /// raised only after the epoch (a lookup that sees it must see the new epoch), so the
     /// known version alone would let a fill read before the flush into the new epoch.
     flushed_to: AtomicI64,
-    /// Serialises the writers of the known version (advances, flushes, adoptions).
-    advancing: Mutex<()>,
+    /// Serialises the writers of the known version (advances, flushes, adoptions), and holds
+    /// what they learned changed: what a shared entry is checked against.
+    advancing: Mutex<ChangeLog>,
     /// The known version, for whoever waits for one.
     announce: tokio::sync::watch::Sender<i64>,
     max_entries: usize,
@@ -151,6 +158,18 @@ pub(crate) enum Advanced {
     ByEntity,
     /// Every entry was retired.
     Flushed,
+}
+
+/// What became of an entry another instance read ([`Cache::fill_shared`]).
+#[cfg(any(feature = "redis", test))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shared {
+    /// Stored as current.
+    Stored,
+    /// Its key changed after the read, or the cache holds a newer read.
+    Refused,
+    /// Read before the change log reaches: [`Cache::backfill`] it, with this `generation`.
+    BeyondLog { generation: u64 },
 }
 
 /// What the cache holds for a key.
@@ -171,13 +190,20 @@ pub(crate) enum Lookup {
 }
 
 impl Cache {
+    #[cfg(test)]
     pub fn new(version: i64, max_entries: usize) -> Cache {
+        Cache::keeping_changes(version, max_entries, 0)
+    }
+
+    /// A cache that records up to `kept` changes, to serve entries other instances read at
+    /// older versions ([`Cache::fill_shared`]).
+    pub fn keeping_changes(version: i64, max_entries: usize, kept: usize) -> Cache {
         Cache {
             map: Map::new(),
             version: AtomicI64::new(version),
             epoch: AtomicU64::new(0),
             flushed_to: AtomicI64::new(version),
-            advancing: Mutex::new(()),
+            advancing: Mutex::new(ChangeLog::new(version, kept)),
             announce: tokio::sync::watch::Sender::new(version),
             max_entries: max_entries.max(1),
             history: Mutex::new(None),
@@ -197,7 +223,7 @@ impl Cache {
     /// of this cache's, so every entry is retired and `version` becomes the known version,
     /// above or below it. Returns whether the epoch was new.
     pub fn adopt_epoch(&self, epoch: &str, version: i64) -> bool {
-        let _turn = self.lock();
+        let mut log = self.lock();
         let mut history = self.history.lock().unwrap_or_else(|e| e.into_inner());
         match history.as_deref() {
             Some(known) if known == epoch => false,
@@ -209,7 +235,7 @@ impl Cache {
                 *history = Some(epoch.to_owned());
                 // Changed before the flush: a fill that sees the new flush epoch sees it too.
                 drop(history);
-                self.retire_all(version);
+                self.retire_all(&mut log, version);
                 true
             }
         }
@@ -241,13 +267,14 @@ impl Cache {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, ()> {
+    fn lock(&self) -> MutexGuard<'_, ChangeLog> {
         self.advancing.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Retires every entry and publishes `version` (the caller holds the turn), in the order
     /// [`Cache::flushed_to`] explains.
-    fn retire_all(&self, version: i64) {
+    fn retire_all(&self, log: &mut ChangeLog, version: i64) {
+        log.restart(version);
         self.flushed_to.store(version, SeqCst);
         self.epoch.fetch_add(1, SeqCst);
         interleave(Step::EpochBumped);
@@ -271,13 +298,13 @@ impl Cache {
     /// not say what changed), or when the known version is below `from` (it went back meanwhile,
     /// so the list does not cover the gap), every entry is retired instead.
     pub fn advance(&self, from: i64, to: i64, changed: Option<&[(EntityKey, i64)]>) -> Advanced {
-        let _turn = self.lock();
+        let mut log = self.lock();
         let known = self.version.load(SeqCst);
         if known >= to {
             return Advanced::NoNews;
         }
         let Some(changed) = changed.filter(|_| known >= from) else {
-            self.retire_all(to);
+            self.retire_all(&mut log, to);
             return Advanced::Flushed;
         };
         let epoch = self.epoch.load(SeqCst);
@@ -285,6 +312,7 @@ impl Cache {
         let mut tombstones = Vec::new();
         for (key, at) in changed.iter().filter(|(_, at)| *at > known) {
             let at = *at;
+            log.record(key, at);
             // Whether the mark stored is a tombstone (nothing was cached): set by the last run
             // of the update, the one stored.
             let mut tombstone = false;
@@ -324,11 +352,11 @@ impl Cache {
     /// Adopts `version` and retires every entry. Returns false when the known version moved
     /// meanwhile (the caller reads again).
     pub fn adopt_lower(&self, known: i64, version: i64) -> bool {
-        let _turn = self.lock();
+        let mut log = self.lock();
         if self.version.load(SeqCst) != known {
             return false;
         }
-        self.retire_all(version);
+        self.retire_all(&mut log, version);
         true
     }
 
@@ -348,6 +376,73 @@ impl Cache {
         read_at: i64,
         read_in: Option<&str>,
     ) -> bool {
+        // Loaded after the tombstone check: an advance that removed its tombstone had raised
+        // the version first. And after the epoch: see `flushed_to`.
+        let floor = || self.version.load(SeqCst).max(self.flushed_to.load(SeqCst));
+        let stored = self.store(key, entry, read_at, read_in, floor);
+        if stored {
+            self.shrink_if_full();
+        }
+        stored
+    }
+
+    /// Stores `entry`, which another instance read at `entry.directory_version` in the
+    /// directory's epoch `read_in` (the shared cache's). A read at or after the known version is
+    /// an ordinary fill. An older read is current when the change log says its key did not
+    /// change since: the entry is then the directory's entry at the known version, as a read
+    /// now would be. Checked and stored in the writers' turn, so no advance runs in between.
+    #[cfg(any(feature = "redis", test))]
+    pub fn fill_shared(&self, key: &EntityKey, entry: Entry, read_in: Option<&str>) -> Shared {
+        let read_at = entry.directory_version;
+        let log = self.lock();
+        if read_at >= self.version.load(SeqCst) {
+            drop(log);
+            return match self.fill_in(key, Some(entry), read_at, read_in) {
+                true => Shared::Stored,
+                false => Shared::Refused,
+            };
+        }
+        let stored = match log.since(&CacheKey::from(key), read_at) {
+            Since::BeyondLog { generation } => return Shared::BeyondLog { generation },
+            Since::Changed => false,
+            Since::Unchanged => self.store(key, Some(entry), read_at, read_in, || i64::MIN),
+        };
+        drop(log);
+        if !stored {
+            return Shared::Refused;
+        }
+        self.shrink_if_full();
+        Shared::Stored
+    }
+
+    /// Adds what the directory said changed in `(since, through]` in its epoch `read_in`, read
+    /// while the change log was of `generation`, so that it reaches back to `since`. Returns
+    /// whether it does now.
+    #[cfg(any(feature = "redis", test))]
+    pub fn backfill(
+        &self,
+        generation: u64,
+        read_in: Option<&str>,
+        since: i64,
+        through: i64,
+        changed: &[(EntityKey, i64)],
+    ) -> bool {
+        let mut log = self.lock();
+        let history = self.history.lock().unwrap_or_else(|e| e.into_inner());
+        history.as_deref() == read_in && log.backfill(generation, since, through, changed)
+    }
+
+    /// Stores the entry `key` had at `read_at` in the directory's epoch `read_in` (`None`: no
+    /// entry), unless the read is of another history, the cache holds a newer read or a change
+    /// after it, or the read is below `floor`.
+    fn store(
+        &self,
+        key: &EntityKey,
+        entry: Option<Entry>,
+        read_at: i64,
+        read_in: Option<&str>,
+        floor: impl Fn() -> i64,
+    ) -> bool {
         debug_assert!(entry.is_none_or(|e| e.directory_version == read_at));
         let epoch = self.epoch.load(SeqCst);
         // After the flush epoch: a change of history is made before its flush.
@@ -362,23 +457,19 @@ impl Cache {
         }
         let map = self.map.pin();
         let fresh = Cached::new(entry, read_at, epoch);
-        let stored = map.update(CacheKey::from(key), |old| {
+        map.update(CacheKey::from(key), |old| {
             let newer_or_changed = old.is_some_and(|c| {
                 c.epoch == epoch
                     && (c.changed_at > read_at || (c.changed_at == NEVER && c.read_at > read_at))
             });
-            // Loaded after the tombstone check: an advance that removed its tombstone had
-            // raised the version first. And after the epoch: see `flushed_to`.
-            let floor = self.version.load(SeqCst).max(self.flushed_to.load(SeqCst));
-            (!newer_or_changed && read_at >= floor).then_some(fresh)
-        });
-        if !stored {
-            return false;
-        }
-        if map.len() > self.max_entries {
+            (!newer_or_changed && read_at >= floor()).then_some(fresh)
+        })
+    }
+
+    fn shrink_if_full(&self) {
+        if self.map.len() > self.max_entries {
             self.shrink();
         }
-        true
     }
 
     /// Brings the cache back under its bound: entries no longer current first, then any, down
@@ -647,6 +738,70 @@ mod tests {
         assert!(matches!(cache.get(&key(1)), Lookup::Stale(_)));
     }
 
+    #[test]
+    fn a_shared_entry_read_before_changes_to_other_keys_is_current_at_the_known_version() {
+        let cache = Cache::keeping_changes(5, 100, 10);
+        assert_eq!(
+            cache.advance(5, 8, Some(&[(key(2), 6), (key(3), 8)])),
+            Advanced::ByEntity
+        );
+        // Read by another instance at 5 and 7: key 1 did not change since, key 2 did at 6.
+        assert_eq!(
+            cache.fill_shared(&key(1), at("s1", 5), None),
+            Shared::Stored
+        );
+        assert!(matches!(
+            cache.get(&key(1)),
+            Lookup::Current { stamp: 8, entry: Some(e) } if e.shard_name == "s1"
+        ));
+        assert_eq!(
+            cache.fill_shared(&key(2), at("s1", 5), None),
+            Shared::Refused
+        );
+        assert_eq!(
+            cache.fill_shared(&key(3), at("s1", 7), None),
+            Shared::Refused
+        );
+        assert!(matches!(cache.get(&key(2)), Lookup::Absent));
+        // Read after the change: current.
+        assert_eq!(
+            cache.fill_shared(&key(2), at("s2", 6), None),
+            Shared::Stored
+        );
+        // Read before the log reaches (it starts at 5), or in another epoch: not taken.
+        assert_eq!(
+            cache.fill_shared(&key(4), at("s1", 4), None),
+            Shared::BeyondLog { generation: 0 }
+        );
+        assert_eq!(
+            cache.fill_shared(&key(4), at("s1", 9), Some("other")),
+            Shared::Refused
+        );
+        // The directory lists what changed in (3, 8]: key 4 did not.
+        assert!(!cache.backfill(0, Some("other"), 3, 8, &[(key(2), 6)]));
+        assert!(cache.backfill(0, None, 3, 8, &[(key(2), 6), (key(5), 4)]));
+        assert_eq!(
+            cache.fill_shared(&key(4), at("s1", 4), None),
+            Shared::Stored
+        );
+        assert_eq!(
+            cache.fill_shared(&key(5), at("s1", 3), None),
+            Shared::Refused
+        );
+        // A flush forgets what changed: a backfill read before it is refused.
+        assert_eq!(cache.advance(8, 9, None), Advanced::Flushed);
+        assert_eq!(
+            cache.fill_shared(&key(6), at("s1", 8), None),
+            Shared::BeyondLog { generation: 1 }
+        );
+        assert!(!cache.backfill(0, None, 3, 9, &[]));
+        assert!(cache.backfill(1, None, 3, 9, &[]));
+        assert_eq!(
+            cache.fill_shared(&key(6), at("s1", 8), None),
+            Shared::Stored
+        );
+    }
+
     /// Runs `run` when this thread's cache code reaches `step`.
     fn at_step(step: Step, run: impl FnOnce() + 'static) {
         AT_STEP.with_borrow_mut(|h| *h = Some((step, Box::new(run))));
@@ -713,7 +868,10 @@ mod tests {
     /// version and appends to history, in order), a watcher advances the cache from history,
     /// fillers read entries and store them after a delay, and readers check every current hit
     /// against the directory's history: the entry must be the directory's entry at the version
-    /// the hit is stamped with. Full flushes are mixed in.
+    /// the hit is stamped with. Full flushes are mixed in. The fillers also share what they read
+    /// (the newest read per key, as the shared cache keeps it), and a sharer stores those reads
+    /// through the change log, which is smaller than the keys, and backfills it from history;
+    /// it evicts the key from the map first, often, so that the log alone decides.
     #[test]
     fn every_current_hit_is_the_directorys_entry_at_its_stamp_under_concurrent_changes() {
         use std::collections::HashMap;
@@ -732,9 +890,21 @@ mod tests {
                 let values = self.values.get(&k)?;
                 values.iter().rev().find(|(v, _)| *v <= version)?.1.clone()
             }
+
+            /// The keys changed after `since`, each with its latest change, as `changes_since`.
+            fn changed_since(&self, since: i64) -> Vec<(EntityKey, i64)> {
+                let mut changed: HashMap<usize, i64> = HashMap::new();
+                for (v, k) in self.history.iter().filter(|(v, _)| *v > since) {
+                    changed.insert(*k, *v);
+                }
+                changed.into_iter().map(|(k, v)| (key(k), v)).collect()
+            }
         }
         let directory = Mutex::new(Directory::default());
-        let cache = Cache::new(0, 1_000);
+        let shared: Mutex<HashMap<usize, Entry>> = Mutex::default();
+        let cache = Cache::keeping_changes(0, 1_000, KEYS / 2);
+        // Shared entries stored although read before the known version.
+        let shared_older = AtomicU64::new(0);
         let stop = AtomicBool::new(false);
         let checked = AtomicU64::new(0);
         let xorshift = |seed: &mut u64| {
@@ -746,12 +916,14 @@ mod tests {
         std::thread::scope(|s| {
             s.spawn(|| {
                 let mut seed = 0x9e3779b97f4a7c15u64;
-                // At least 2 s of changes, and on until the readers have checked enough hits (a
-                // loaded machine schedules them rarely), within a deadline.
+                // At least 2 s of changes, and on until the readers have checked enough hits and
+                // the sharer stored enough older reads (a loaded machine schedules them rarely),
+                // within a deadline.
                 let now = std::time::Instant::now;
                 let until = now() + std::time::Duration::from_secs(2);
                 let deadline = now() + std::time::Duration::from_secs(60);
-                while now() < until || (checked.load(SeqCst) <= 1_000 && now() < deadline) {
+                let short = || checked.load(SeqCst) <= 1_000 || shared_older.load(SeqCst) <= 100;
+                while now() < until || (short() && now() < deadline) {
                     let mut d = directory.lock().unwrap();
                     d.version += 1;
                     let (v, k) = (d.version, xorshift(&mut seed) as usize % KEYS);
@@ -769,19 +941,14 @@ mod tests {
                     rounds += 1;
                     let since = cache.version();
                     let d = directory.lock().unwrap();
-                    let to = d.version;
-                    let mut changed: HashMap<usize, i64> = HashMap::new();
-                    for (v, k) in d.history.iter().filter(|(v, _)| *v > since) {
-                        changed.insert(*k, *v);
-                    }
+                    let (to, changed) = (d.version, d.changed_since(since));
                     drop(d);
-                    let changed: Vec<_> = changed.into_iter().map(|(k, v)| (key(k), v)).collect();
                     let listed = (!rounds.is_multiple_of(50)).then_some(&changed[..]);
                     cache.advance(since, to, listed);
                 }
             });
             for n in 0..2u64 {
-                let (directory, cache, stop) = (&directory, &cache, &stop);
+                let (directory, cache, stop, shared) = (&directory, &cache, &stop, &shared);
                 s.spawn(move || {
                     let mut seed = 0x2545f4914f6cdd1du64 + n;
                     while !stop.load(SeqCst) {
@@ -793,10 +960,46 @@ mod tests {
                             std::thread::yield_now();
                         }
                         let entry = shard.map(|shard| at(&shard, read_at));
-                        cache.fill(&key(k), entry, read_at);
+                        if cache.fill(&key(k), entry, read_at) {
+                            if let Some(entry) = entry {
+                                let mut shared = shared.lock().unwrap();
+                                let held = shared.entry(k).or_insert(entry);
+                                if held.directory_version < read_at {
+                                    *held = entry;
+                                }
+                            }
+                        }
                     }
                 });
             }
+            s.spawn(|| {
+                let mut seed = 0x6a09e667f3bcc909u64;
+                while !stop.load(SeqCst) {
+                    let k = xorshift(&mut seed) as usize % KEYS;
+                    let Some(entry) = shared.lock().unwrap().get(&k).copied() else {
+                        continue;
+                    };
+                    // Evicted first (as `shrink` does), often: else what the map holds decides.
+                    if xorshift(&mut seed) % 2 == 0 {
+                        let _turn = cache.lock();
+                        cache.map.pin().remove(&CacheKey::from(&key(k)));
+                    }
+                    let since = entry.directory_version;
+                    let mut done = cache.fill_shared(&key(k), entry, None);
+                    if let Shared::BeyondLog { generation } = done {
+                        let d = directory.lock().unwrap();
+                        let (through, changed) = (d.version, d.changed_since(since));
+                        drop(d);
+                        std::thread::yield_now();
+                        if cache.backfill(generation, None, since, through, &changed) {
+                            done = cache.fill_shared(&key(k), entry, None);
+                        }
+                    }
+                    if done == Shared::Stored && since < cache.version() {
+                        shared_older.fetch_add(1, SeqCst);
+                    }
+                }
+            });
             for n in 0..2u64 {
                 let (directory, cache, stop, checked) = (&directory, &cache, &stop, &checked);
                 s.spawn(move || {
@@ -815,6 +1018,11 @@ mod tests {
         });
         let checked = checked.load(SeqCst);
         assert!(checked > 1_000, "only {checked} current hits were checked");
+        let shared_older = shared_older.load(SeqCst);
+        assert!(
+            shared_older > 100,
+            "only {shared_older} older shared reads were stored"
+        );
     }
 
     /// Counts this thread's allocations, to show a hit by borrowed key makes none.
@@ -864,8 +1072,8 @@ mod tests {
     }
 }
 
-/// The invariant, checked by loom over the interleavings of a watcher's advance, a fill racing
-/// it, and a lookup (`RUSTFLAGS="--cfg sd_loom" cargo test -p shard-directory-client --lib
+/// The invariant, checked by loom over the interleavings of a watcher's advance, a fill (or a
+/// shared entry's fill) racing it, and a lookup (`RUSTFLAGS="--cfg sd_loom" cargo test -p shard-directory-client --lib
 /// loom`, run by `scripts/test.sh`). The directory of the model: tenant 1 on `s1` up to version
 /// 5, moved to `s2` at version 6. A current hit must be the directory's entry at its stamp,
 /// during the race and after it. It found the flush race that
@@ -942,6 +1150,39 @@ mod loom_model {
     fn loom_a_fill_read_at_the_change_races_its_mark() {
         explore(true, true, 6);
         explore(false, true, 6);
+    }
+
+    /// Another instance's read of tenant 1 at `read_at` (4: before the log reaches, until it is
+    /// backfilled) is stored from the shared cache while the advance to 6 runs.
+    fn explore_shared(read_at: i64, listed: bool) {
+        loom::model(move || {
+            let cache = Arc::new(Cache::keeping_changes(5, 100, 10));
+            assert!(cache.backfill(0, None, 4, 5, &[]));
+            let watcher = {
+                let cache = cache.clone();
+                loom::thread::spawn(move || {
+                    let changed = [(key(1), 6)];
+                    cache.advance(5, 6, listed.then_some(&changed[..]));
+                })
+            };
+            let sharer = {
+                let cache = cache.clone();
+                loom::thread::spawn(move || {
+                    cache.fill_shared(&key(1), at(truth(read_at), read_at), None);
+                })
+            };
+            check(&cache);
+            watcher.join().unwrap();
+            sharer.join().unwrap();
+            check(&cache);
+        });
+    }
+
+    #[test]
+    fn loom_a_shared_entry_read_before_the_change_is_never_current_after_it() {
+        explore_shared(4, true);
+        explore_shared(4, false);
+        explore_shared(6, true);
     }
 
     #[test]

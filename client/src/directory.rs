@@ -5,6 +5,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime};
 
+#[cfg(feature = "redis")]
+use crate::cache::Shared;
 use crate::cache::{adopt_epoch, adopt_lower, Cache, Lookup};
 use crate::entry::{AsKeyRef, EntityKey, Entry, KeyRef, State};
 use crate::error::{Error, Result};
@@ -12,8 +14,9 @@ use crate::metrics::{Counters, Stats};
 use crate::name::Name;
 use crate::policy::{Cached, Policy};
 use crate::pool::{AbortOnDrop, Timeouts};
+use crate::replicas::Replicas;
 use crate::statements::Statements;
-use crate::store::Store;
+use crate::store::{Fetched, Store};
 use crate::watcher::{Watch, Watcher};
 
 /// How a [`Directory`] behaves.
@@ -65,6 +68,19 @@ pub struct DirectoryConfig {
     /// The shared middle cache (feature `redis`).
     #[cfg(feature = "redis")]
     pub shared_cache: Option<crate::SharedCacheConfig>,
+    /// The relay (feature `redis`): the directory's changes through Redis pub/sub, from
+    /// `shard-directory relay`, instead of this instance's own LISTEN connection, which it
+    /// opens again only while the relay is silent.
+    #[cfg(feature = "redis")]
+    pub relay: Option<crate::RelayConfig>,
+    /// The directory's streaming replicas (hot standbys): fills and the reads of what changed
+    /// after a notification go there, in turn, so that the primary serves writes and
+    /// notifications (and the slow poll). A replica's read is taken only once it has replayed
+    /// the version the client knows (or was notified of) in the directory's epoch; past
+    /// `replica_wait` the read goes to the primary.
+    pub replicas: Vec<tokio_postgres::Config>,
+    /// How long a read waits for a replica to replay the version it needs.
+    pub replica_wait: Duration,
 }
 
 impl Default for DirectoryConfig {
@@ -84,6 +100,10 @@ impl Default for DirectoryConfig {
             tls: None,
             #[cfg(feature = "redis")]
             shared_cache: None,
+            #[cfg(feature = "redis")]
+            relay: None,
+            replicas: Vec::new(),
+            replica_wait: Duration::from_millis(100),
         }
     }
 }
@@ -98,9 +118,23 @@ setters!(DirectoryConfig {
     max_cached_entries: usize,
     listen: bool,
     statements: Statements,
+    replica_wait: Duration,
 });
 
 impl DirectoryConfig {
+    /// Sets `relay`.
+    #[cfg(feature = "redis")]
+    pub fn relay(mut self, config: crate::RelayConfig) -> Self {
+        self.relay = Some(config);
+        self
+    }
+
+    /// Adds a streaming replica of the directory to `replicas`.
+    pub fn replica(mut self, config: tokio_postgres::Config) -> Self {
+        self.replicas.push(config);
+        self
+    }
+
     /// Sets `listen_config`: where the watcher connects.
     pub fn listen_config(mut self, config: tokio_postgres::Config) -> Self {
         self.listen_config = Some(config);
@@ -157,7 +191,7 @@ struct Inner {
     cache: Arc<Cache>,
     watch: Arc<Watch>,
     counters: Arc<Counters>,
-    store: Store,
+    store: Arc<Store>,
     policy: Policy,
     /// The misses being filled, by key: a miss for a key already being filled waits for that
     /// fill and reads what it cached (one directory query per key at a time).
@@ -167,6 +201,13 @@ struct Inner {
     _watcher: AbortOnDrop,
     #[cfg(feature = "redis")]
     shared: Option<crate::shared_cache::SharedCache>,
+    /// The change log's backfills, one at a time, with the generation of the log and the
+    /// newest read that the directory could not list the changes since.
+    #[cfg(feature = "redis")]
+    backfills: tokio::sync::Mutex<Option<(u64, i64)>>,
+    /// The relay's subscriber, when there is one.
+    #[cfg(feature = "redis")]
+    _relay: Option<AbortOnDrop>,
     #[cfg(feature = "test-hooks")]
     fill_hook: std::sync::Mutex<Option<FillHook>>,
 }
@@ -219,9 +260,25 @@ impl Directory {
             settings.statements,
             &tls,
             counters.clone(),
+            Replicas::new(
+                settings.replicas,
+                settings.store_pool_size,
+                timeouts,
+                &tls,
+                settings.replica_wait,
+            )?,
         )?;
+        let store = Arc::new(store);
         let now = store.current_version().await?;
-        let cache = Arc::new(Cache::new(now.version, settings.max_cached_entries));
+        #[cfg(feature = "redis")]
+        let kept = settings.shared_cache.as_ref().map_or(0, |c| c.kept_changes);
+        #[cfg(not(feature = "redis"))]
+        let kept = 0;
+        let cache = Arc::new(Cache::keeping_changes(
+            now.version,
+            settings.max_cached_entries,
+            kept,
+        ));
         if let Some(epoch) = &now.epoch {
             cache.adopt_epoch(epoch, now.version);
         }
@@ -231,6 +288,25 @@ impl Directory {
             Some(direct) => (direct, Statements::Prepared),
             None => (config, settings.statements),
         };
+        #[cfg(feature = "redis")]
+        let relay = match settings.relay {
+            Some(config) => Some(crate::relay::Subscriber {
+                client: redis::Client::open(config.url.as_str())
+                    .map_err(|e| Error::Config(format!("relay: {e}")))?,
+                config,
+                cache: cache.clone(),
+                watch: watch.clone(),
+                counters: counters.clone(),
+                store: store.clone(),
+                connect_timeout: settings.connect_timeout,
+                max_backoff: settings.max_reconnect_backoff,
+            }),
+            None => None,
+        };
+        #[cfg(feature = "redis")]
+        let relay_silence = relay.as_ref().map(|r| r.config.silence);
+        #[cfg(not(feature = "redis"))]
+        let relay_silence = None;
         let watcher = Watcher {
             config: watcher_config,
             statements: watcher_statements,
@@ -242,6 +318,8 @@ impl Directory {
             timeouts,
             max_backoff: settings.max_reconnect_backoff,
             listen: settings.listen,
+            store: store.clone(),
+            relay_silence,
         };
         #[cfg(feature = "redis")]
         let shared = settings
@@ -250,6 +328,8 @@ impl Directory {
             .transpose()
             .map_err(|e| Error::Config(format!("shared cache: {e}")))?;
         let task = AbortOnDrop(tokio::spawn(watcher.run()));
+        #[cfg(feature = "redis")]
+        let relay = relay.map(|subscriber| AbortOnDrop(tokio::spawn(subscriber.run())));
         Ok(Directory {
             inner: Arc::new(Inner {
                 cache,
@@ -262,6 +342,10 @@ impl Directory {
                 _watcher: task,
                 #[cfg(feature = "redis")]
                 shared,
+                #[cfg(feature = "redis")]
+                backfills: tokio::sync::Mutex::default(),
+                #[cfg(feature = "redis")]
+                _relay: relay,
                 #[cfg(feature = "test-hooks")]
                 fill_hook: std::sync::Mutex::new(None),
             }),
@@ -370,18 +454,13 @@ impl Directory {
             let known = inner.cache.version();
             #[cfg(feature = "redis")]
             if let Some(shared) = &inner.shared {
-                let history = inner.cache.history();
-                let history = history.as_deref();
-                if let Some(entry) = shared.get(key, known, history, &inner.counters).await {
-                    if inner
-                        .cache
-                        .fill_in(key, Some(entry), entry.directory_version, history)
-                    {
-                        return Ok(entry);
-                    }
+                if let Some(entry) = self.shared_fill(shared, key).await {
+                    return Ok(entry);
                 }
             }
-            let (entry, at, read_in) = inner.store.fetch(key).await?;
+            let history = inner.cache.history();
+            let Fetched(entry, at, read_in) =
+                inner.store.fetch(key, known, history.as_deref()).await?;
             #[cfg(feature = "test-hooks")]
             {
                 let hook = inner.fill_hook.lock().expect("hook lock").clone();
@@ -419,6 +498,81 @@ impl Directory {
             }
             tracing::debug!(entity = %key, read_at = at, "fill raced an invalidation; reading again");
         }
+    }
+
+    /// The entry another instance stored in the shared cache, when the cache takes it as
+    /// current ([`Cache::fill_shared`]).
+    #[cfg(feature = "redis")]
+    async fn shared_fill(
+        &self,
+        shared: &crate::shared_cache::SharedCache,
+        key: &EntityKey,
+    ) -> Option<Entry> {
+        let inner = &self.inner;
+        let history = inner.cache.history();
+        let history = history.as_deref();
+        let found = shared.get(key, history).await;
+        let mut stored = false;
+        if let Some(entry) = found {
+            let mut backfilled = false;
+            stored = loop {
+                match inner.cache.fill_shared(key, entry, history) {
+                    Shared::Stored => break true,
+                    Shared::Refused => break false,
+                    Shared::BeyondLog { generation } => {
+                        if backfilled || !self.backfill(shared, generation, entry).await {
+                            break false;
+                        }
+                        backfilled = true;
+                    }
+                }
+            };
+        }
+        inner.counters.shared(stored);
+        let entry = found.filter(|_| stored)?;
+        if entry.directory_version > inner.cache.version() {
+            inner.watch.nudge();
+        }
+        Some(entry)
+    }
+
+    /// Makes the change log reach back to `entry`'s read with a `changes_since()` read, so that
+    /// it and every other shared entry read since can be checked: a fresh instance meets entries
+    /// of random ages, so it makes one per new oldest read (about ln n for n misses). One at a
+    /// time, and none for a read as old as one the directory could not list the changes since
+    /// (history purged, or more than the log keeps). Returns whether the log reaches back that
+    /// far now.
+    #[cfg(feature = "redis")]
+    async fn backfill(
+        &self,
+        shared: &crate::shared_cache::SharedCache,
+        generation: u64,
+        entry: Entry,
+    ) -> bool {
+        let inner = &self.inner;
+        let read = entry.directory_version;
+        let kept = shared.config().kept_changes;
+        let Ok(mut beyond) = inner.backfills.try_lock() else {
+            return false;
+        };
+        if kept == 0 || beyond.is_some_and(|(g, at)| g == generation && read <= at) {
+            return false;
+        }
+        let changes = match inner.store.backfill(read, kept).await {
+            Ok(changes) => changes,
+            Err(e) => {
+                tracing::debug!(error = %e, since = read, "the change log's backfill failed");
+                return false;
+            }
+        };
+        if let Some(changed) = changes.changed {
+            let epoch = changes.epoch.as_deref();
+            return inner
+                .cache
+                .backfill(generation, epoch, read, changes.version, &changed);
+        }
+        *beyond = Some((generation, read));
+        false
     }
 
     /// Records what a shard said when it refused a transaction for a moved entity: the entity is

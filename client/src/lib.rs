@@ -9,14 +9,15 @@
 //!   40001), using the shard's `moved_to` hint when it gives one.
 //! - Metrics through the `metrics` facade (the application installs the recorder), logs through
 //!   `tracing`; with feature `debug-http`, an axum router serving `/debug/directory`.
-//! - With feature `redis`, the guide's shared middle cache, keyed by directory version.
+//! - With feature `redis`, the guide's shared middle cache: entries other instances read, taken
+//!   when the change log (`change_log`) says they did not change since.
 //! - With feature `native-tls`, TLS on every connection, as each connection string's `sslmode`
 //!   asks.
 //!
 //! Modules: `directory` (lookups, fills, the outage policy in `policy`) over `cache` (entries
-//! tagged with versions; its key in `cache_key`, its map in `cache_map`, names interned in
-//! `name`), `store` (the directory's queries) and `watcher` (LISTEN, the poll, `changes_since`);
-//! `router` (its own index) with `rejection` (a shard's 40001 read); `pool` (bounded
+//! tagged with versions; its key in `cache_key`, its map in `cache_map`, what changed in
+//! `change_log`, names interned in `name`), `store` (the directory's queries) and `watcher`
+//! (LISTEN, the poll, `changes_since`); `router` (its own index) with `rejection` (a shard's 40001 read); `pool` (bounded
 //! connections) and `statements` (prepared once per connection); `backoff`; `entry` (an entry,
 //! and the protocol's key and state); `error`; `metrics`; `debug_http`; `shared_cache`. The
 //! wire contract with the extension is the `shard-directory-protocol` crate.
@@ -56,6 +57,7 @@ mod backoff;
 mod cache;
 mod cache_key;
 mod cache_map;
+mod change_log;
 #[cfg(feature = "debug-http")]
 pub mod debug_http;
 mod directory;
@@ -66,6 +68,9 @@ mod name;
 mod policy;
 mod pool;
 mod rejection;
+#[cfg(feature = "redis")]
+mod relay;
+mod replicas;
 mod router;
 #[cfg(feature = "redis")]
 mod shared_cache;
@@ -85,6 +90,8 @@ pub use name::Name;
 pub use native_tls;
 pub use policy::Policy;
 pub use rejection::Rejection;
+#[cfg(feature = "redis")]
+pub use relay::RelayConfig;
 pub use router::{Reads, RetryPolicy, Router, ShardConfig, TxOptions};
 pub use shard_directory_protocol::WATCHER_APPLICATION_NAME;
 #[cfg(feature = "redis")]

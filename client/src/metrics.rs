@@ -31,6 +31,14 @@ pub mod names {
     pub const INVALIDATION_LAG: &str = "shard_directory_invalidation_lag_seconds";
     /// Counter, label `result` (hit, miss): lookups in the shared (Redis) cache; errors count as misses.
     pub const SHARED_CACHE: &str = "shard_directory_shared_cache_total";
+    /// Counter, label `result`: reads sent to a directory replica (`served`; `behind`: it had
+    /// not replayed the version needed within `replica_wait`; `elsewhere`: another epoch than
+    /// the client's; `failed`). All but `served` were then made on the primary.
+    pub const REPLICA_READS: &str = "shard_directory_replica_reads_total";
+    /// Counter, label `result`: the relay's messages (`taken`; `forged`: not sealed with the
+    /// key; `malformed`; `old`: sealed longer ago than `max_age`; `elsewhere`: another epoch
+    /// than the client's). Only `taken` ones change the cache.
+    pub const RELAY_MESSAGES: &str = "shard_directory_relay_messages_total";
     /// Gauge: the directory version this client knows.
     pub const VERSION: &str = "shard_directory_version";
     /// Counter: times the directory's version was found below the one this client knew (a
@@ -64,6 +72,10 @@ pub(crate) struct Counters {
     retries: AtomicU64,
     shared_hits: AtomicU64,
     shared_misses: AtomicU64,
+    replica_served: AtomicU64,
+    replica_fallbacks: AtomicU64,
+    relay_taken: AtomicU64,
+    relay_refused: AtomicU64,
     version_regressions: AtomicU64,
     epoch_changes: AtomicU64,
     rejections: [AtomicU64; REASONS.len()],
@@ -91,6 +103,14 @@ pub struct Stats {
     pub shared_cache_hits: u64,
     /// See [`names::SHARED_CACHE`].
     pub shared_cache_misses: u64,
+    /// See [`names::REPLICA_READS`]: served by a replica.
+    pub replica_reads: u64,
+    /// See [`names::REPLICA_READS`]: sent to a replica, then made on the primary.
+    pub replica_fallbacks: u64,
+    /// See [`names::RELAY_MESSAGES`]: taken.
+    pub relay_messages: u64,
+    /// See [`names::RELAY_MESSAGES`]: not taken (forged, malformed, old, elsewhere).
+    pub relay_refused: u64,
     /// See [`names::VERSION_REGRESSIONS`].
     pub version_regressions: u64,
     /// See [`names::EPOCH_CHANGES`].
@@ -216,6 +236,25 @@ impl Counters {
             .increment(1);
     }
 
+    pub fn replica_read(&self, result: &'static str) {
+        bump(if result == "served" {
+            &self.replica_served
+        } else {
+            &self.replica_fallbacks
+        });
+        metrics::counter!(names::REPLICA_READS, "result" => result).increment(1);
+    }
+
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub fn relay_message(&self, result: &'static str) {
+        bump(if result == "taken" {
+            &self.relay_taken
+        } else {
+            &self.relay_refused
+        });
+        metrics::counter!(names::RELAY_MESSAGES, "result" => result).increment(1);
+    }
+
     pub fn version_regressed(&self, version: i64) {
         bump(&self.version_regressions);
         metrics::counter!(names::VERSION_REGRESSIONS).increment(1);
@@ -249,6 +288,10 @@ impl Counters {
             retries: get(&self.retries),
             shared_cache_hits: get(&self.shared_hits),
             shared_cache_misses: get(&self.shared_misses),
+            replica_reads: get(&self.replica_served),
+            replica_fallbacks: get(&self.replica_fallbacks),
+            relay_messages: get(&self.relay_taken),
+            relay_refused: get(&self.relay_refused),
             version_regressions: get(&self.version_regressions),
             epoch_changes: get(&self.epoch_changes),
             rejections: REASONS

@@ -1,10 +1,12 @@
 //! The guide's middle layer (feature `redis`): a cache shared by all instances, in Redis.
 //!
-//! Keys carry the directory's epoch and the version the entry was read at, and a lookup asks for
-//! the epoch and version the client knows, so the shared cache can never hand back a mapping
-//! older than the client's version, nor one of another history (read before a failover or
-//! restore that lost it). Any Redis error, timeout or unreadable value falls through to the
-//! directory.
+//! Keys carry the directory's epoch (so an entry of another history, read before a failover or
+//! restore that lost it, is never found), and each value the version it was read at. The newest
+//! read stays: an instance storing an older one leaves it. The shared cache says only what the
+//! directory had at that version; whether that is still the entry at the version the client
+//! knows is the client's change log to say ([`crate::cache::Cache::fill_shared`]), so a change
+//! elsewhere in the directory does not cost the entries that did not change. Any Redis error,
+//! timeout or unreadable value falls through to the directory.
 
 use std::time::Duration;
 
@@ -13,7 +15,6 @@ use redis::AsyncCommands;
 use tokio::sync::OnceCell;
 
 use crate::entry::{EntityKey, Entry};
-use crate::metrics::Counters;
 
 /// Where the shared cache lives and how long entries stay.
 #[derive(Debug, Clone)]
@@ -27,10 +28,15 @@ pub struct SharedCacheConfig {
     pub ttl: Duration,
     /// Bound on each Redis round trip; past it the lookup goes to the directory.
     pub timeout: Duration,
+    /// Changes the client remembers, key by key, to tell whether an entry another instance read
+    /// at an older version is still current (a 32-byte map entry and a 32-byte queue entry
+    /// each, with their tables' slack). An entry read before the
+    /// oldest is checked with one `changes_since()` read back to it, at most once a second.
+    pub kept_changes: usize,
 }
 
 impl SharedCacheConfig {
-    /// Defaults: prefix `shard_directory`, one hour TTL, 50 ms timeout.
+    /// Defaults: prefix `shard_directory`, one hour TTL, 50 ms timeout, 100,000 changes kept.
     ///
     /// ```
     /// let c = shard_directory_client::SharedCacheConfig::new("redis://127.0.0.1:6379");
@@ -42,6 +48,7 @@ impl SharedCacheConfig {
             prefix: "shard_directory".into(),
             ttl: Duration::from_secs(3600),
             timeout: Duration::from_millis(50),
+            kept_changes: 100_000,
         }
     }
 }
@@ -50,10 +57,27 @@ setters!(SharedCacheConfig {
     prefix: String,
     ttl: Duration,
     timeout: Duration,
+    kept_changes: usize,
 });
+
+/// Sets the key to `ARGV[1]` (an entry's JSON) for `ARGV[3]` seconds unless it holds a read
+/// newer than `ARGV[2]`.
+const PUT_NEWEST: &str = r"
+local held = redis.call('GET', KEYS[1])
+if held then
+  local ok, entry = pcall(cjson.decode, held)
+  if ok and type(entry) == 'table' and tonumber(entry.directory_version)
+     and tonumber(entry.directory_version) > tonumber(ARGV[2]) then
+    return 0
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
+return 1
+";
 
 pub(crate) struct SharedCache {
     client: redis::Client,
+    put: redis::Script,
     connection: OnceCell<ConnectionManager>,
     config: SharedCacheConfig,
 }
@@ -62,15 +86,16 @@ impl SharedCache {
     pub fn new(config: SharedCacheConfig) -> Result<SharedCache, redis::RedisError> {
         Ok(SharedCache {
             client: redis::Client::open(config.url.as_str())?,
+            put: redis::Script::new(PUT_NEWEST),
             connection: OnceCell::new(),
             config,
         })
     }
 
     /// Unambiguous even when ids contain ':' (an epoch has none: digits and a dot).
-    fn key(&self, key: &EntityKey, epoch: Option<&str>, version: i64) -> String {
+    fn key(&self, key: &EntityKey, epoch: Option<&str>) -> String {
         format!(
-            "{}:{}:v{version}:{}:{}:{}",
+            "{}:{}:{}:{}:{}",
             self.config.prefix,
             epoch.unwrap_or(""),
             key.entity_type.len(),
@@ -98,46 +123,39 @@ impl SharedCache {
         }
     }
 
-    /// The entry as read at exactly `version` in `epoch`, if some instance stored it.
-    pub async fn get(
-        &self,
-        key: &EntityKey,
-        version: i64,
-        epoch: Option<&str>,
-        counters: &Counters,
-    ) -> Option<Entry> {
-        let found: Option<String> = match self.connection().await {
-            Some(mut c) => match c.get(self.key(key, epoch, version)).await {
-                Ok(v) => v,
-                Err(e) => {
-                    tracing::debug!(error = %e, "shared cache read failed");
-                    counters.shared(false);
-                    return None;
-                }
-            },
-            None => {
-                counters.shared(false);
+    pub fn config(&self) -> &SharedCacheConfig {
+        &self.config
+    }
+
+    /// The newest entry of `key` some instance stored in `epoch`, with the version it was read
+    /// at (`directory_version`); `None` on any error.
+    pub async fn get(&self, key: &EntityKey, epoch: Option<&str>) -> Option<Entry> {
+        let found: Option<String> = match self.connection().await?.get(self.key(key, epoch)).await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::debug!(error = %e, "shared cache read failed");
                 return None;
             }
         };
-        let entry = found
-            .and_then(|json| serde_json::from_str::<Entry>(&json).ok())
-            .filter(|e| e.directory_version == version);
-        counters.shared(entry.is_some());
-        entry
+        serde_json::from_str(&found?).ok()
     }
 
-    /// Stores what this instance read from the directory in `epoch`; errors are only logged.
+    /// Stores what this instance read from the directory in `epoch`, unless a newer read is
+    /// there; errors are only logged.
     pub async fn put(&self, key: &EntityKey, entry: &Entry, epoch: Option<&str>) {
         let Some(mut c) = self.connection().await else {
             return;
         };
         let json = serde_json::to_string(entry).expect("entries serialize");
-        let key = self.key(key, epoch, entry.directory_version);
-        if let Err(e) = c
-            .set_ex::<_, _, ()>(key, json, self.config.ttl.as_secs().max(1))
-            .await
-        {
+        let stored = self
+            .put
+            .key(self.key(key, epoch))
+            .arg(json)
+            .arg(entry.directory_version)
+            .arg(self.config.ttl.as_secs().max(1))
+            .invoke_async::<i64>(&mut c)
+            .await;
+        if let Err(e) = stored {
             tracing::debug!(error = %e, "shared cache write failed");
         }
     }

@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::metrics::Counters;
 use crate::name::Name;
 use crate::pool::{self, Connector, Timeouts};
+use crate::replicas::{Replicas, Versioned};
 use crate::statements::Statements;
 use tokio_postgres::types::Type;
 
@@ -53,19 +54,29 @@ macro_rules! version {
     };
 }
 
+/// The version, what changed since and the epoch, from `changes_since($args)`.
+macro_rules! changes_since {
+    ($args:expr) => {
+        concat!(
+            "SELECT version, age, complete, entity_types, entity_ids, versions",
+            epoch!(),
+            " FROM shard_directory.changes_since(",
+            $args,
+            ")"
+        )
+    };
+}
+
+/// What changed since `$1`, up to `$2` keys: a backfill of the change log.
+#[cfg(feature = "redis")]
+const BACKFILL: &str = changes_since!("$1, $2");
+
 /// How the version is read, best first: with what changed since `$1` and the epoch, from one
 /// snapshot, in one round trip; the version and the epoch (a role not granted
 /// `changes_since()`); the version alone (an extension older than both). A reader steps down
 /// when the directory refuses one and never back up; [`SINCE`] is the one that takes `$1`.
-pub(crate) const VERSION_READS: [&str; 3] = [
-    concat!(
-        "SELECT version, age, complete, entity_types, entity_ids, versions",
-        epoch!(),
-        " FROM shard_directory.changes_since($1)"
-    ),
-    version!(epoch!()),
-    version!(""),
-];
+pub(crate) const VERSION_READS: [&str; 3] =
+    [changes_since!("$1"), version!(epoch!()), version!("")];
 
 /// The read of [`VERSION_READS`] that says what changed.
 pub(crate) const SINCE: usize = 0;
@@ -76,6 +87,22 @@ pub(crate) fn needs(read: usize) -> &'static str {
         "changes_since"
     } else {
         "directory_epoch"
+    }
+}
+
+/// A fill's read: the entry (`None`: the directory has none), the version it was read at, and
+/// the directory's epoch then (when the directory can say).
+pub(crate) struct Fetched(pub Option<Entry>, pub i64, pub Option<String>);
+
+impl Versioned for Fetched {
+    fn read_at(&self) -> (i64, Option<&str>) {
+        (self.1, self.2.as_deref())
+    }
+}
+
+impl Versioned for Changes {
+    fn read_at(&self) -> (i64, Option<&str>) {
+        (self.version, self.epoch.as_deref())
     }
 }
 
@@ -149,6 +176,7 @@ impl Changes {
 
 pub(crate) struct Store {
     pool: Pool,
+    replicas: Replicas,
     counters: Arc<Counters>,
     timeouts: Timeouts,
     statements: Statements,
@@ -201,11 +229,13 @@ impl Store {
         statements: Statements,
         tls: &Connector,
         counters: Arc<Counters>,
+        replicas: Replicas,
     ) -> Result<Store> {
         let pool = pool::build(config, size, timeouts, tls)
             .map_err(|e| Error::Config(format!("directory pool: {e}")))?;
         Ok(Store {
             pool,
+            replicas,
             counters,
             timeouts,
             statements,
@@ -221,21 +251,26 @@ impl Store {
     /// to wait behind it.
     async fn query<const N: usize>(
         &self,
+        pool: &Pool,
         sql: &str,
         params: [(&(dyn ToSql + Sync), Type); N],
     ) -> Result<Vec<Row>> {
         self.counters.store_query();
         let timeouts = self.timeouts;
         let waited = self.since_opened();
-        let client = self.pool.get().await.map_err(|e| {
-            let answering = self.answered.load(Ordering::Relaxed) > waited;
+        // Whether the directory answers is the primary's to say.
+        let primary = std::ptr::eq(pool, &self.pool);
+        let client = pool.get().await.map_err(|e| {
+            let answering = primary && self.answered.load(Ordering::Relaxed) > waited;
             pool_error(e, timeouts, answering)
         })?;
         let query = self.statements.query(&client, &**client, sql, params);
         match tokio::time::timeout(timeouts.query, query).await {
             Ok(rows) => {
-                self.answered
-                    .fetch_max(self.since_opened(), Ordering::Relaxed);
+                if primary {
+                    self.answered
+                        .fetch_max(self.since_opened(), Ordering::Relaxed);
+                }
                 rows.map_err(classify)
             }
             Err(_) => {
@@ -252,13 +287,23 @@ impl Store {
         self.opened.elapsed().as_micros() as u64
     }
 
-    /// `sql`'s one row.
+    /// `sql`'s one row, on the primary.
     async fn query_one<const N: usize>(
         &self,
         sql: &str,
         params: [(&(dyn ToSql + Sync), Type); N],
     ) -> Result<Row> {
-        let rows = self.query(sql, params).await?;
+        self.query_one_on(&self.pool, sql, params).await
+    }
+
+    /// `sql`'s one row, on `pool`.
+    async fn query_one_on<const N: usize>(
+        &self,
+        pool: &Pool,
+        sql: &str,
+        params: [(&(dyn ToSql + Sync), Type); N],
+    ) -> Result<Row> {
+        let rows = self.query(pool, sql, params).await?;
         // Only when the version row is gone: not a directory database, or a broken one.
         rows.into_iter().next().ok_or_else(|| {
             Error::Config(format!(
@@ -268,13 +313,31 @@ impl Store {
     }
 
     /// The entity's entry (None if it has none), the global version it was read at, and the
-    /// directory's epoch then (when the directory can say).
-    pub async fn fetch(&self, key: &EntityKey) -> Result<(Option<Entry>, i64, Option<String>)> {
+    /// directory's epoch then (when the directory can say): from a replica that has replayed
+    /// `at_least` in the epoch `history`, else from the primary.
+    pub async fn fetch(
+        &self,
+        key: &EntityKey,
+        at_least: i64,
+        history: Option<&str>,
+    ) -> Result<Fetched> {
+        let on_replica = |pool| Box::pin(self.fetch_on(pool, key)) as _;
+        match self
+            .replicas
+            .read(at_least, history, &self.counters, on_replica)
+            .await
+        {
+            Some(found) => Ok(found),
+            None => self.fetch_on(&self.pool, key).await,
+        }
+    }
+
+    async fn fetch_on(&self, pool: &Pool, key: &EntityKey) -> Result<Fetched> {
         let row = loop {
             let read = self.fetch.load(Ordering::Relaxed);
             let params: [(&(dyn ToSql + Sync), Type); 2] =
                 [(&key.entity_type, Type::TEXT), (&key.entity_id, Type::TEXT)];
-            match self.query_one(FETCH[read], params).await {
+            match self.query_one_on(pool, FETCH[read], params).await {
                 Err(Error::Directory(e))
                     if read == 0 && Changes::unavailable_as(&e, "directory_epoch") =>
                 {
@@ -294,13 +357,14 @@ impl Store {
             directory_version,
         });
         let epoch = (row.len() > 6).then(|| row.get(6));
-        Ok((entry, directory_version, epoch))
+        Ok(Fetched(entry, directory_version, epoch))
     }
 
     /// The registry's `conninfo` of `shard`, if the shard is registered with one.
     pub async fn conninfo(&self, shard: &str) -> Result<Option<String>> {
         let rows = self
             .query(
+                &self.pool,
                 "SELECT conninfo FROM shard_directory.shards WHERE shard_name = $1",
                 [(&shard, Type::TEXT)],
             )
@@ -329,25 +393,49 @@ impl Store {
 
     /// The global version (and the epoch), nothing said of what changed.
     pub async fn current_version(&self) -> Result<Changes> {
-        self.read_version(None).await
+        self.read_version(&self.pool, None).await
     }
 
     /// The global version and what changed since `since`.
     pub async fn changes_since(&self, since: i64) -> Result<Changes> {
-        self.read_version(Some(since)).await
+        self.read_version(&self.pool, Some(since)).await
+    }
+
+    /// [`Store::changes_since`] read on a replica that has replayed `at_least` in the epoch
+    /// `history`; `None` when none could (the caller reads the primary).
+    pub async fn changes_on_replica(
+        &self,
+        since: i64,
+        at_least: i64,
+        history: Option<&str>,
+    ) -> Option<Changes> {
+        let on_replica = |pool| Box::pin(self.read_version(pool, Some(since))) as _;
+        self.replicas
+            .read(at_least, history, &self.counters, on_replica)
+            .await
+    }
+
+    /// What changed since `since`, when at most `max` keys did (`changed` is `None` past it).
+    #[cfg(feature = "redis")]
+    pub async fn backfill(&self, since: i64, max: usize) -> Result<Changes> {
+        let max = i32::try_from(max).unwrap_or(i32::MAX);
+        let row = self
+            .query_one(BACKFILL, [(&since, Type::INT8), (&max, Type::INT4)])
+            .await?;
+        Ok(Changes::from_row(since, &row))
     }
 
     /// The best of [`VERSION_READS`] the directory answers (from [`SINCE`] on if `since`).
-    async fn read_version(&self, since: Option<i64>) -> Result<Changes> {
+    async fn read_version(&self, pool: &Pool, since: Option<i64>) -> Result<Changes> {
         loop {
             let known = self.version_read.load(Ordering::Relaxed);
             let read = known.max(if since.is_some() { SINCE } else { SINCE + 1 });
             let row = match since {
                 Some(since) if read == SINCE => {
-                    self.query_one(VERSION_READS[read], [(&since, Type::INT8)])
+                    self.query_one_on(pool, VERSION_READS[read], [(&since, Type::INT8)])
                         .await
                 }
-                _ => self.query_one(VERSION_READS[read], []).await,
+                _ => self.query_one_on(pool, VERSION_READS[read], []).await,
             };
             match row {
                 Err(Error::Directory(e))

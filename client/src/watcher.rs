@@ -10,7 +10,7 @@ use crate::cache::{adopt_epoch, adopt_lower, Advanced, Cache};
 use crate::metrics::Counters;
 use crate::pool::{self, Connector, Timeouts};
 use crate::statements::Statements;
-use crate::store::{needs, Changes, SINCE, VERSION_READS};
+use crate::store::{needs, Changes, Store, SINCE, VERSION_READS};
 use shard_directory_protocol::{CHANNEL, WATCHER_APPLICATION_NAME};
 use tokio_postgres::types::{ToSql, Type};
 
@@ -24,6 +24,9 @@ pub(crate) struct Watch {
     last_invalidation: Mutex<Option<SystemTime>>,
     /// A fill read a version newer than the known one: the watcher reads what changed.
     nudge: tokio::sync::Notify,
+    /// When the relay's last message was taken, and a wake-up for each.
+    relay_heard: Mutex<Option<std::time::Instant>>,
+    relayed: tokio::sync::Notify,
 }
 
 impl Watch {
@@ -45,6 +48,23 @@ impl Watch {
 
     fn heard(&self) {
         *self.last_heard.lock().expect("watch lock") = Some(SystemTime::now());
+    }
+
+    /// A relay's message was taken.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub fn relay_heard(&self) {
+        *self.relay_heard.lock().expect("watch lock") = Some(std::time::Instant::now());
+        self.heard();
+        self.relayed.notify_one();
+    }
+
+    /// How long the relay may stay silent from now before `silence` has passed since its last
+    /// message; `None` once it has (or it never spoke).
+    fn relay_silent_in(&self, silence: Duration) -> Option<Duration> {
+        let heard = (*self.relay_heard.lock().expect("watch lock"))?;
+        silence
+            .checked_sub(heard.elapsed())
+            .filter(|d| !d.is_zero())
     }
 
     /// Asks the watcher to read what changed (without waiting for a notification or the poll).
@@ -101,6 +121,10 @@ pub(crate) struct Watcher {
     pub timeouts: Timeouts,
     pub max_backoff: Duration,
     pub listen: bool,
+    /// Where a notified change is read when the directory has replicas.
+    pub store: Arc<Store>,
+    /// With a relay: how long it may stay silent before the watcher LISTENs itself.
+    pub relay_silence: Option<Duration>,
 }
 
 /// How often the watcher polls when notifications do not reach it.
@@ -127,6 +151,28 @@ impl Watcher {
         self.watch.heard();
         self.watch
             .learned(&self.cache, &self.counters, changes, late);
+    }
+
+    /// Reads what changed on a replica that has replayed `at_least` (the version notified),
+    /// and applies it; false when there is none to read there (no replicas, none caught up, a
+    /// payload that is not a version), and the caller reads the primary.
+    async fn read_on_replica(&self, at_least: Option<i64>) -> bool {
+        let Some(at_least) = at_least else {
+            return false;
+        };
+        let since = self.cache.version();
+        let history = self.cache.history();
+        let changes = self
+            .store
+            .changes_on_replica(since, at_least, history.as_deref())
+            .await;
+        match changes {
+            Some(changes) => {
+                self.apply(&changes, false);
+                true
+            }
+            None => false,
+        }
     }
 
     /// LISTENs, and says whether notifications reach this session: behind a transaction-mode
@@ -169,8 +215,20 @@ impl Watcher {
 
     pub async fn run(self) {
         let mut failures = 0;
+        if let Some(silence) = self.relay_silence {
+            // A fleet starting at once waits for the relay rather than each opening a LISTEN
+            // connection it would close a moment later.
+            let _ = tokio::time::timeout(silence, self.watch.relayed.notified()).await;
+        }
         loop {
+            if let Some(silence) = self.relay_silence {
+                self.while_relayed(silence).await;
+            }
             let err = self.session(&mut failures).await;
+            if matches!(err, Ended::Relayed) {
+                tracing::info!("the relay took over from the shard directory watcher");
+                continue;
+            }
             self.watch.connected.store(false, Ordering::SeqCst);
             self.counters.watcher_connected(false);
             let wait =
@@ -178,6 +236,28 @@ impl Watcher {
             tracing::warn!(error = %err, retry_in = ?wait, "shard directory watcher disconnected");
             failures = failures.saturating_add(1);
             tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// While the relay's messages arrive, no connection: they keep the cache current. Returns
+    /// once it has been silent for `silence` (at once if it has not spoken yet).
+    async fn while_relayed(&self, silence: Duration) {
+        let mut relayed = false;
+        while let Some(left) = self.watch.relay_silent_in(silence) {
+            if !relayed {
+                relayed = true;
+                self.watch.connected.store(true, Ordering::SeqCst);
+                self.counters.watcher_connected(true);
+            }
+            tokio::time::sleep(left).await;
+        }
+        if relayed {
+            self.watch.connected.store(false, Ordering::SeqCst);
+            self.counters.watcher_connected(false);
+            tracing::warn!(
+                ?silence,
+                "the relay went silent: listening to the shard directory"
+            );
         }
     }
 
@@ -280,11 +360,14 @@ impl Watcher {
                         // covered by the same read.
                         Some(Ok(n)) => {
                             let known = self.cache.version();
-                            let mut news = n.payload().parse::<i64>().map_or(true, |v| v > known);
+                            let mut heard = n.payload().parse::<i64>().ok();
+                            let mut news = heard.is_none_or(|v| v > known);
                             while let Ok(more) = notifications.try_recv() {
-                                news |= more?.payload().parse::<i64>().map_or(true, |v| v > known);
+                                let v = more?.payload().parse::<i64>().ok();
+                                news |= v.is_none_or(|v| v > known);
+                                heard = heard.zip(v).map(|(a, b)| a.max(b));
                             }
-                            if news {
+                            if news && !self.read_on_replica(heard).await {
                                 read(false).await?;
                             }
                         }
@@ -294,7 +377,18 @@ impl Watcher {
                         None => { client.simple_query("").await?; }
                     },
                     _ = ticker.tick() => read(true).await?,
-                    _ = self.watch.nudge.notified() => read(false).await?,
+                    _ = self.watch.relayed.notified(), if self.relay_silence.is_some() => {
+                        let silence = self.relay_silence.unwrap_or_default();
+                        if self.watch.relay_silent_in(silence).is_some() {
+                            return Err(Ended::Relayed);
+                        }
+                    }
+                    _ = self.watch.nudge.notified() => {
+                        let newer = Some(self.cache.version() + 1);
+                        if !self.read_on_replica(newer).await {
+                            read(false).await?;
+                        }
+                    }
                 }
             }
         };
@@ -312,4 +406,6 @@ enum Ended {
     Db(#[from] tokio_postgres::Error),
     #[error("the directory did not answer {0} within {1:?}")]
     Timeout(&'static str, Duration),
+    #[error("the relay took over")]
+    Relayed,
 }

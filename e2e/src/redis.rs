@@ -11,6 +11,11 @@ pub struct RedisServer {
 
 impl RedisServer {
     pub async fn start() -> RedisServer {
+        RedisServer::start_with(&[]).await
+    }
+
+    /// With `settings` added to its command line (`--user ...` lines, for ACLs).
+    pub async fn start_with(settings: &[&str]) -> RedisServer {
         let port = free_port();
         let child = Command::new("redis-server")
             .args([
@@ -23,6 +28,7 @@ impl RedisServer {
                 "--appendonly",
                 "no",
             ])
+            .args(settings)
             .stdout(Stdio::null())
             .spawn()
             .expect("start redis-server (scripts/setup.sh installs it)");
@@ -35,6 +41,11 @@ impl RedisServer {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// As user `user` with `password`.
+    pub fn url_as(&self, user: &str, password: &str) -> String {
+        format!("redis://{user}:{password}@127.0.0.1:{}/", self.port)
     }
 
     pub fn stop(&mut self) {

@@ -65,6 +65,7 @@ mod purge;
 mod reconcile;
 mod record;
 mod registry;
+mod relay;
 mod run;
 mod sequences;
 mod side;
@@ -90,6 +91,7 @@ pub use preflight::Plan;
 pub use reconcile::Stray;
 pub use record::{Method, MoveRecord, TableProgress};
 pub use registry::{with_password, Endpoint, Overrides, ShardOverride};
+pub use relay::{relay, RelayOptions, RELAY_APPLICATION_NAME};
 /// The protocol's key and state, as the mover's API takes and returns them.
 pub use shard_directory_protocol::{EntityKey, State};
 pub use sizes::{Size, Weigh};

@@ -10,8 +10,9 @@ use serde::Deserialize;
 use std::sync::OnceLock;
 
 use postgres_native_tls::MakeTlsConnector;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio_postgres::config::{Host, SslMode};
-use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres::{AsyncMessage, Client, Config, NoTls, Notification};
 
 use crate::error::{At, Error, Place, Step};
 
@@ -136,28 +137,83 @@ pub(crate) async fn connect(
     application_name: &str,
     place: Place,
 ) -> Result<Client, Error> {
+    let (config, at) = session(config, application_name, place);
+    let client = if config.get_ssl_mode() == SslMode::Require {
+        let (client, connection) = config.connect(tls()?).await.map_err(&at)?;
+        tokio::spawn(drive(connection));
+        client
+    } else {
+        let (client, connection) = config.connect(NoTls).await.map_err(&at)?;
+        tokio::spawn(drive(connection));
+        client
+    };
+    client.batch_execute(SESSION_SETTINGS).await.map_err(at)?;
+    Ok(client)
+}
+
+/// `config` named `application_name`, with a bounded connect time and TCP keepalives, and how
+/// an error of its connection at `place` reads.
+fn session(
+    config: &Config,
+    application_name: &str,
+    place: Place,
+) -> (Config, impl Fn(tokio_postgres::Error) -> Error) {
     let mut config = config.clone();
     config.application_name(application_name);
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(Duration::from_secs(10));
     }
     config.keepalives(true);
-    let at = |e| Error::Db {
+    let at = move |e| Error::Db {
         step: Step::Connect,
         place: place.clone(),
         source: e,
     };
+    (config, at)
+}
+
+/// [`connect`], and the session's notifications, for a session that LISTENs (the relay's); the
+/// channel closes when the connection ends.
+pub(crate) async fn connect_listening(
+    config: &Config,
+    application_name: &str,
+) -> Result<(Client, UnboundedReceiver<Notification>), Error> {
+    let (config, at) = session(config, application_name, Place::Directory);
+    let (tx, notifications) = unbounded_channel();
     let client = if config.get_ssl_mode() == SslMode::Require {
-        let (client, connection) = config.connect(tls()?).await.map_err(at)?;
-        tokio::spawn(drive(connection));
+        let (client, connection) = config.connect(tls()?).await.map_err(&at)?;
+        tokio::spawn(notify(connection, tx));
         client
     } else {
-        let (client, connection) = config.connect(NoTls).await.map_err(at)?;
-        tokio::spawn(drive(connection));
+        let (client, connection) = config.connect(NoTls).await.map_err(&at)?;
+        tokio::spawn(notify(connection, tx));
         client
     };
     client.batch_execute(SESSION_SETTINGS).await.map_err(at)?;
-    Ok(client)
+    Ok((client, notifications))
+}
+
+/// Drives `connection`, passing its notifications on.
+async fn notify<S, T>(
+    mut connection: tokio_postgres::Connection<S, T>,
+    tx: UnboundedSender<Notification>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+    while let Some(message) = futures_util::StreamExt::next(&mut messages).await {
+        match message {
+            Ok(AsyncMessage::Notification(n)) => {
+                let _ = tx.send(n);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "connection closed");
+                return;
+            }
+        }
+    }
 }
 
 async fn drive<F: std::future::Future<Output = Result<(), tokio_postgres::Error>>>(connection: F) {

@@ -12,14 +12,18 @@
 //!   the extension's own.
 //! - [`CHANNEL`], [`MOVES_CHANNEL`] and [`WATCHER_APPLICATION_NAME`] (`name`): the notification
 //!   channels (versions, moves' phases) and the watcher's `application_name`.
+//! - [`relay`] (feature `relay`): what `shard-directory relay` publishes to the clients.
 //!
-//! No dependencies; feature `serde` derives `Serialize` and `Deserialize`.
+//! No dependencies; feature `serde` derives `Serialize` and `Deserialize`, feature `relay` adds
+//! JSON and HMAC-SHA256.
 
 #![warn(missing_docs)]
 
 mod entity;
 mod name;
 pub mod refusal;
+#[cfg(feature = "relay")]
+pub mod relay;
 pub mod setting;
 mod state;
 

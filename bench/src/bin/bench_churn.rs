@@ -8,12 +8,11 @@
 //! `BENCH_ENTRIES` (1,000,000), `BENCH_SECONDS` (20, the churn), `BENCH_INSERTS` (50 per second).
 //! Run with `bash scripts/bench.sh churn`.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
-use shard_directory_bench::{bench_directory, setting};
+use shard_directory_bench::{bench_directory, look_up, seed_tenants, setting, Onboarding};
 use shard_directory_client::{Directory, DirectoryConfig};
 use shard_directory_e2e::reaches;
 
@@ -24,67 +23,35 @@ fn rss() -> u64 {
     pages * 4096
 }
 
-/// Looks up every tenant once, 32 at a time.
-async fn warm(d: &Directory, entries: u64) {
-    futures_util::stream::iter(1..=entries)
-        .map(|i| {
-            let d = d.clone();
-            async move { d.lookup("tenant", &i.to_string()).await.unwrap() }
-        })
-        .buffer_unordered(32)
-        .for_each(|_| async {})
-        .await;
-}
-
 #[tokio::main]
 async fn main() {
     let entries = setting("BENCH_ENTRIES", 1_000_000u64);
     let seconds = setting("BENCH_SECONDS", 20u64);
     let per_second = setting("BENCH_INSERTS", 50u64);
     let (cluster, dba) = bench_directory("bench-churn", &[]).await;
-    dba.batch_execute(&format!(
-        "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) \
-           SELECT 'tenant', i::text, 'shard_1' FROM generate_series(1, {entries}) i; \
-         CREATE ROLE version_only_router LOGIN; \
+    seed_tenants(&dba, entries).await;
+    dba.batch_execute(
+        "CREATE ROLE version_only_router LOGIN; \
          GRANT USAGE ON SCHEMA shard_directory TO version_only_router; \
          GRANT SELECT ON shard_directory.shard_directory, shard_directory.shard_directory_version, \
-           shard_directory.shards TO version_only_router"
-    ))
+           shard_directory.shards TO version_only_router",
+    )
     .await
     .unwrap();
-    dba.batch_execute("VACUUM ANALYZE").await.unwrap();
     let settings = || DirectoryConfig::default().store_pool_size(8);
     let before = rss();
     let by_entity = Directory::connect(cluster.config("bench"), settings())
         .await
         .unwrap();
-    warm(&by_entity, entries).await;
+    look_up(&by_entity, 1..=entries, 32).await;
     let per_entry = (rss() - before) as f64 / entries as f64;
     let mut config = cluster.config("bench");
     config.user("version_only_router");
     let flushing = Directory::connect(config, settings()).await.unwrap();
-    warm(&flushing, entries).await;
+    look_up(&flushing, 1..=entries, 32).await;
 
+    let onboarding = Onboarding::start(&cluster, per_second).await;
     let stop = Arc::new(AtomicBool::new(false));
-    let inserted = Arc::new(AtomicU64::new(0));
-    let writer = {
-        let (stop, inserted) = (stop.clone(), inserted.clone());
-        let w = cluster.connect("bench").await;
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1) / per_second as u32);
-            while !stop.load(Relaxed) {
-                tick.tick().await;
-                let id = format!("new-{}", inserted.fetch_add(1, Relaxed));
-                w.execute(
-                    "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) \
-                     VALUES ('tenant', $1, 'shard_1')",
-                    &[&id],
-                )
-                .await
-                .unwrap();
-            }
-        })
-    };
     let clients = [("by entity", &by_entity), ("full flush", &flushing)];
     let start_stats: Vec<_> = clients.iter().map(|(_, d)| d.stats()).collect();
     let started = Instant::now();
@@ -104,7 +71,7 @@ async fn main() {
     }
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     stop.store(true, Relaxed);
-    writer.await.unwrap();
+    let inserted = onboarding.stop().await;
     for r in readers {
         r.await.unwrap();
     }
@@ -118,7 +85,6 @@ async fn main() {
         reaches(d, last).await;
     }
 
-    let inserted = inserted.load(Relaxed);
     println!(
         "hit rate under churn: {entries} tenants cached, {inserted} new tenants in {elapsed:.1} s \
          ({:.0}/s), random lookups of existing tenants (2 tasks per client)",

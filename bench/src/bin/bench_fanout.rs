@@ -14,6 +14,11 @@
 //! report the CPU time each change took, in the instances' processes and in the server: on a
 //! machine with few cores, that is what bounds the latency.
 //!
+//! Third, the same N following the relay (`shard-directory relay`, run in this process against a
+//! Redis of its own): one directory session publishes each change through Redis pub/sub, and the
+//! instances hold no LISTEN connection. Reported side by side with the instances' own LISTEN, with
+//! the directory sessions that carry invalidation once every instance is ready.
+//!
 //! Run with `bash scripts/bench.sh fanout` (`BENCH_INSTANCES`, e.g. `1,16`, picks the sizes).
 
 use std::collections::HashMap;
@@ -24,8 +29,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::StreamExt;
 use shard_directory_bench::{bench_directory, results_dir, setting, sizes};
-use shard_directory_client::{Directory, DirectoryConfig};
+use shard_directory_client::{Directory, DirectoryConfig, RelayConfig, WATCHER_APPLICATION_NAME};
+use shard_directory_e2e::redis::RedisServer;
 use shard_directory_e2e::{Cluster, CpuTimes};
+use shard_directory_mover::{RelayOptions, RELAY_APPLICATION_NAME};
 
 const PROCESSES: usize = 4;
 
@@ -43,6 +50,8 @@ enum Kind {
     Client,
     /// A bare connection that `LISTEN`s and takes the version from the payload.
     Listen,
+    /// A `Directory` that follows the relay (Redis pub/sub), not a LISTEN connection of its own.
+    Relay,
 }
 
 impl Kind {
@@ -50,6 +59,7 @@ impl Kind {
         match self {
             Kind::Client => "client",
             Kind::Listen => "listen",
+            Kind::Relay => "relay",
         }
     }
 }
@@ -85,12 +95,19 @@ async fn listener(conn: &str, instances: usize) {
     std::future::pending::<()>().await;
 }
 
-/// A worker: `instances` directories on `conn`; prints `ready`, then `<instance> <version>
-/// <unix ns>` each time an instance learns a version.
-async fn worker(conn: &str, instances: usize) {
+/// The key the relay seals with, and the instances open with.
+const RELAY_KEY: &[u8] = b"bench";
+
+/// A worker: `instances` directories on `conn` (following the relay at `relay` when given);
+/// prints `ready`, then `<instance> <version> <unix ns>` each time an instance learns a version.
+async fn worker(conn: &str, instances: usize, relay: Option<&str>) {
     let mut handles = Vec::new();
+    let config = match relay {
+        Some(url) => DirectoryConfig::default().relay(RelayConfig::new(url, RELAY_KEY.to_vec())),
+        None => DirectoryConfig::default(),
+    };
     for i in 0..instances {
-        let d = Directory::connect(conn.parse().unwrap(), DirectoryConfig::default())
+        let d = Directory::connect(conn.parse().unwrap(), config.clone())
             .await
             .unwrap();
         let mut known = d.version_changes();
@@ -130,9 +147,19 @@ struct Cpu {
     server: f64,
 }
 
-/// Runs `changes` changes against `n` instances; returns, per change, every instance's latency
-/// in ms, and the CPU time the changes took.
-async fn run(cluster: &Cluster, kind: Kind, n: usize, changes: usize) -> (Vec<Vec<f64>>, Cpu) {
+/// What a run measured.
+struct Run {
+    /// Per change, every instance's latency in ms.
+    per_change: Vec<Vec<f64>>,
+    cpu: Cpu,
+    /// The directory's sessions that carry invalidation (watchers' and the relay's) once every
+    /// instance is ready.
+    sessions: i64,
+}
+
+/// Runs `changes` changes against `n` instances (following the relay publishing to `redis`, for
+/// [`Kind::Relay`]).
+async fn run(cluster: &Cluster, kind: Kind, n: usize, changes: usize, redis: &str) -> Run {
     let (tx, rx) = mpsc::channel::<(usize, i64, u128)>();
     let mut workers = Workers(Vec::new());
     let processes = PROCESSES.min(n);
@@ -145,6 +172,7 @@ async fn run(cluster: &Cluster, kind: Kind, n: usize, changes: usize) -> (Vec<Ve
                 kind.arg(),
                 &cluster.conn_str("bench"),
                 &count.to_string(),
+                redis,
             ])
             .stdout(Stdio::piped())
             .spawn()
@@ -174,6 +202,14 @@ async fn run(cluster: &Cluster, kind: Kind, n: usize, changes: usize) -> (Vec<Ve
         ready_rx.recv_timeout(Duration::from_secs(120)).unwrap();
     }
     let c = cluster.connect("bench").await;
+    let sessions: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name IN ($1, $2)",
+            &[&WATCHER_APPLICATION_NAME, &RELAY_APPLICATION_NAME],
+        )
+        .await
+        .unwrap()
+        .get(0);
     let insert = c
         .prepare(
             "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) \
@@ -211,7 +247,21 @@ async fn run(cluster: &Cluster, kind: Kind, n: usize, changes: usize) -> (Vec<Ve
         instances: per(CpuTimes::of(pids).since(&before.0)),
         server: per(cluster.cpu_times().since(&before.1)),
     };
-    (per_change, cpu)
+    Run {
+        per_change,
+        cpu,
+        sessions,
+    }
+}
+
+/// The slowest instance's latency of each change, sorted.
+fn slowest(per_change: &[Vec<f64>]) -> Vec<f64> {
+    let mut last: Vec<f64> = per_change
+        .iter()
+        .map(|c| c.iter().copied().fold(0.0, f64::max))
+        .collect();
+    last.sort_by(f64::total_cmp);
+    last
 }
 
 #[tokio::main]
@@ -221,7 +271,8 @@ async fn main() {
         let (conn, count) = (&args[3], args[4].parse().unwrap());
         return match args[2].as_str() {
             "listen" => listener(conn, count).await,
-            _ => worker(conn, count).await,
+            "relay" => worker(conn, count, args.get(5).map(String::as_str)).await,
+            _ => worker(conn, count, None).await,
         };
     }
     let sizes = sizes("BENCH_INSTANCES", "1,16,64,256");
@@ -231,6 +282,21 @@ async fn main() {
     // the run before, which may not have gone yet, and room to spare.
     let connections = (3 * most + 20).to_string();
     let (cluster, _) = bench_directory("bench-fanout", &[("max_connections", &connections)]).await;
+    // The relay, in this process: one directory session, publishing to a Redis of its own.
+    let redis = RedisServer::start().await;
+    let relay_options = RelayOptions {
+        redis: redis.url(),
+        channel: "shard_directory".into(),
+        key: RELAY_KEY.to_vec(),
+        heartbeat: Duration::from_secs(1),
+    };
+    let relay_directory = cluster.config("bench");
+    tokio::spawn(async move {
+        shard_directory_mover::relay(&relay_directory, &relay_options)
+            .await
+            .unwrap()
+    });
+    let mut relay_rows = Vec::new();
     println!(
         "invalidation latency, ms from the change sent to the instances knowing its version \
          ({changes} changes, instances over {PROCESSES} processes)"
@@ -244,13 +310,28 @@ async fn main() {
     let mut series = Vec::new();
     let mut cpu_rows = Vec::new();
     for n in sizes {
-        let (floor, floor_cpu) = run(&cluster, Kind::Listen, n, changes).await;
-        let mut floor: Vec<f64> = floor
-            .iter()
-            .map(|c| c.iter().copied().fold(0.0, f64::max))
-            .collect();
-        floor.sort_by(f64::total_cmp);
-        let (per_change, cpu) = run(&cluster, Kind::Client, n, changes).await;
+        let url = redis.url();
+        let floor_run = run(&cluster, Kind::Listen, n, changes, &url).await;
+        let (floor, floor_cpu) = (slowest(&floor_run.per_change), floor_run.cpu);
+        let direct = run(&cluster, Kind::Client, n, changes, &url).await;
+        let relayed = run(&cluster, Kind::Relay, n, changes, &url).await;
+        let (per_change, cpu) = (direct.per_change, direct.cpu);
+        let through = slowest(&relayed.per_change);
+        let mut each: Vec<f64> = relayed.per_change.iter().flatten().copied().collect();
+        each.sort_by(f64::total_cmp);
+        relay_rows.push(format!(
+            "| {n} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2}x | {} | {} | {:.2} | {:.2} |",
+            quantile(&slowest(&per_change), 0.99),
+            quantile(&through, 0.5),
+            quantile(&through, 0.99),
+            quantile(&through, 1.0),
+            quantile(&each, 0.99),
+            quantile(&through, 0.99) / quantile(&slowest(&per_change), 0.99),
+            direct.sessions,
+            relayed.sessions,
+            relayed.cpu.instances,
+            relayed.cpu.server,
+        ));
         cpu_rows.push(format!(
             "| {n} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}x |",
             floor_cpu.instances,
@@ -259,17 +340,13 @@ async fn main() {
             cpu.server,
             (cpu.instances + cpu.server) / (floor_cpu.instances + floor_cpu.server),
         ));
-        let mut last: Vec<f64> = per_change
-            .iter()
-            .map(|c| c.iter().copied().fold(0.0, f64::max))
-            .collect();
+        let last = slowest(&per_change);
         let mut each: Vec<f64> = per_change.iter().flatten().copied().collect();
         for (k, c) in per_change.iter().enumerate() {
             for l in c {
                 csv.push_str(&format!("{n},{k},{l:.3}\n"));
             }
         }
-        last.sort_by(f64::total_cmp);
         each.sort_by(f64::total_cmp);
         println!(
             "| {n} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2}x |",
@@ -296,6 +373,19 @@ async fn main() {
     );
     println!("|---|---|---|---|---|---|");
     for row in cpu_rows {
+        println!("{row}");
+    }
+    println!(
+        "\nthrough the relay (`shard-directory relay`, Redis pub/sub), ms from the change sent to \
+         every instance knowing its version, side by side with each instance's own LISTEN"
+    );
+    println!(
+        "| instances | own LISTEN, all know: p99 | relay, all know: p50 | p99 | max | each \
+         instance: p99 | relay p99 / own LISTEN p99 | directory sessions for invalidation: own \
+         LISTEN | relay | CPU per change, ms: instances | server |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    for row in relay_rows {
         println!("{row}");
     }
     let dir = results_dir();

@@ -23,6 +23,8 @@ mod mover_tls;
 mod package;
 mod proof;
 mod regress;
+mod relay;
+mod replicas;
 mod shard;
 mod shared_cache;
 mod upgrade;

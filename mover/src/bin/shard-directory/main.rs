@@ -23,7 +23,8 @@ use futures_util::future::BoxFuture;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use serde_json::json;
 use shard_directory_mover::{
-    Error, Failure, Left, MethodChoice, MoveOptions, MoveRecord, Mover, Observer, Overrides, Phase,
+    with_password, Error, Failure, Left, MethodChoice, MoveOptions, MoveRecord, Mover, Observer,
+    Overrides, Phase, RelayOptions,
 };
 use shard_directory_protocol::EntityKey;
 
@@ -254,6 +255,25 @@ enum Command {
     },
     /// Drop replication objects left behind by finished or aborted moves.
     Cleanup,
+    /// Republish the directory's changes to the clients through Redis pub/sub, sealed with a
+    /// shared key, from one directory session; runs until stopped.
+    Relay {
+        /// The Redis to publish to: redis://[user:password@]host:port/db, a user allowed to
+        /// PUBLISH on the channel.
+        #[arg(long, env = "SHARD_DIRECTORY_RELAY_REDIS")]
+        redis: String,
+        /// The pub/sub channel (the clients' RelayConfig::channel).
+        #[arg(long, default_value = "shard_directory")]
+        channel: String,
+        /// A file holding the key the messages are sealed with (without a trailing newline; the
+        /// clients' RelayConfig::key).
+        #[arg(long)]
+        key_file: PathBuf,
+        /// How often the relay reads and publishes the version when nothing is notified (the
+        /// clients take the relay for gone after a few missed).
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+        heartbeat: Duration,
+    },
     /// Delete the rows a finished `move --keep-source` left on its source.
     PurgeSource { move_id: i64 },
     /// Reconcile without moving (exit 5 when something is found).
@@ -587,7 +607,7 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
     let directory = cli.directory.ok_or_else(|| {
         Outcome::Usage("give the directory database: --directory or SHARD_DIRECTORY_URL".into())
     })?;
-    let directory = directory
+    let directory: tokio_postgres::Config = directory
         .parse()
         .map_err(|e| Outcome::Usage(format!("--directory: {e}")))?;
     let overrides = match &cli.config {
@@ -642,7 +662,7 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
         options.sizes_max_age = plan.sizes_max_age;
     }
     let progress = std::sync::Arc::new(Progress::new());
-    let mover = Mover::new(directory, overrides, options).with_observer(progress.clone());
+    let mover = Mover::new(directory.clone(), overrides, options).with_observer(progress.clone());
     let as_json = tuning.json;
     match cli.command {
         Command::Move {
@@ -918,6 +938,31 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
                 Err(e @ Error::Mismatch { .. }) => return Err(Outcome::Failed(5, e.to_string())),
                 Err(e) => return Err(e.into()),
             }
+        }
+        Command::Relay {
+            redis,
+            channel,
+            key_file,
+            heartbeat,
+        } => {
+            let key = std::fs::read(&key_file)
+                .map_err(|e| Outcome::Usage(format!("--key-file {}: {e}", key_file.display())))?;
+            let key = key.strip_suffix(b"\n").unwrap_or(&key).to_vec();
+            if key.is_empty() {
+                return Err(Outcome::Usage(format!(
+                    "--key-file {}: the file is empty",
+                    key_file.display()
+                )));
+            }
+            let options = RelayOptions {
+                redis,
+                channel,
+                key,
+                heartbeat,
+            };
+            shard_directory_mover::relay(&with_password(directory), &options)
+                .await
+                .map_err(|e| Outcome::Usage(format!("--redis: {e}")))?;
         }
         Command::Cleanup => {
             let dropped = mover.cleanup().await?;

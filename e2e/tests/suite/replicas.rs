@@ -1,0 +1,130 @@
+//! The directory's read replicas: fills and the reads of what a notification announced go to a
+//! streaming standby once it has replayed the version the client needs; a standby that stops
+//! replaying, or stops, sends them to the primary, and no lookup is ever answered from behind
+//! the version the client knows.
+
+use std::time::Duration;
+
+use shard_directory_client::{Directory, DirectoryConfig, Stats};
+use shard_directory_e2e::topology::DIRECTORY_DB;
+use shard_directory_e2e::{eventually, reaches, Cluster, Topology};
+
+const DEADLINE: Duration = Duration::from_secs(15);
+
+/// (served by the replica, sent there and then made on the primary) since `before`.
+fn replica_reads(d: &Directory, before: &Stats) -> (u64, u64) {
+    let now = d.stats();
+    (
+        now.replica_reads - before.replica_reads,
+        now.replica_fallbacks - before.replica_fallbacks,
+    )
+}
+
+/// A streaming standby of the directory. The harness's clusters run with synchronous_commit
+/// off, which lets WAL wait up to `wal_writer_delay` (200 ms) before it is sent: on, as a
+/// directory should, a commit is streamed at once.
+async fn standby(t: &Topology, name: &str) -> Cluster {
+    let primary = t.dba().await;
+    for step in [
+        "ALTER SYSTEM SET synchronous_commit = on",
+        "SELECT pg_reload_conf()",
+    ] {
+        primary.batch_execute(step).await.unwrap();
+    }
+    t.directory.standby(name)
+}
+
+async fn with_replica(t: &Topology, standby: &Cluster) -> Directory {
+    // Long enough for a loaded machine's replay; a stopped replay costs a test this per read.
+    let config = DirectoryConfig::default()
+        .replica(standby.config(DIRECTORY_DB))
+        .replica_wait(Duration::from_secs(2));
+    t.client_directory(config).await
+}
+
+#[tokio::test]
+async fn reads_go_to_a_replica_that_has_replayed_the_version_and_to_the_primary_when_behind() {
+    let t = Topology::start("replica").await;
+    t.add_tenants(100, "shard_1").await;
+    let standby = standby(&t, "replica-standby").await;
+    let d = with_replica(&t, &standby).await;
+
+    let before = d.stats();
+    assert_eq!(d.lookup("tenant", "1").await.unwrap().shard_name, "shard_1");
+    assert_eq!(
+        replica_reads(&d, &before),
+        (1, 0),
+        "the fill was read on the replica"
+    );
+
+    // A change: the notification's read of what changed, and the next fill, on the replica.
+    let before = d.stats();
+    let moved = t
+        .step("SELECT shard_directory.begin_move('tenant', '1', 'shard_2')")
+        .await;
+    reaches(&d, moved).await;
+    let one = d.lookup("tenant", "1").await.unwrap();
+    assert_eq!(
+        (one.target_shard.as_deref(), one.directory_version),
+        (Some("shard_2"), moved)
+    );
+    assert_eq!(replica_reads(&d, &before), (2, 0));
+
+    // The replica stops replaying: the change is learned from the primary after the wait, and
+    // fills go there too, never answered from the replica's older version.
+    let replica = standby.connect(DIRECTORY_DB).await;
+    replica
+        .batch_execute("SELECT pg_wal_replay_pause()")
+        .await
+        .unwrap();
+    let before = d.stats();
+    let moved = t
+        .step("SELECT shard_directory.begin_move('tenant', '2', 'shard_2')")
+        .await;
+    reaches(&d, moved).await;
+    let two = d.lookup("tenant", "2").await.unwrap();
+    assert_eq!(
+        (two.target_shard.as_deref(), two.directory_version),
+        (Some("shard_2"), moved)
+    );
+    let three = d.lookup("tenant", "3").await.unwrap();
+    assert!(
+        three.directory_version >= moved,
+        "read behind the version known"
+    );
+    assert_eq!(
+        replica_reads(&d, &before),
+        (0, 3),
+        "the notified read and two fills"
+    );
+
+    // Replaying again: the replica serves again.
+    replica
+        .batch_execute("SELECT pg_wal_replay_resume()")
+        .await
+        .unwrap();
+    let next = std::sync::atomic::AtomicUsize::new(4);
+    eventually("the replica to serve fills again", DEADLINE, || async {
+        // A tenant not cached yet, each time.
+        let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let before = d.stats();
+        d.lookup("tenant", &n.to_string()).await.unwrap();
+        (replica_reads(&d, &before) == (1, 0)).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_replica_that_stops_sends_reads_to_the_primary_and_rests() {
+    let t = Topology::start("replica-down").await;
+    t.add_tenants(3, "shard_1").await;
+    let standby = standby(&t, "replica-down-standby").await;
+    let d = with_replica(&t, &standby).await;
+    standby.stop();
+    let before = d.stats();
+    assert_eq!(d.lookup("tenant", "1").await.unwrap().shard_name, "shard_1");
+    assert_eq!(replica_reads(&d, &before), (0, 1));
+    // Left alone for a while: the next fill does not try it.
+    assert_eq!(d.lookup("tenant", "2").await.unwrap().shard_name, "shard_1");
+    assert_eq!(replica_reads(&d, &before), (0, 1));
+}
