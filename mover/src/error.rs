@@ -171,6 +171,20 @@ pub enum Error {
         shard: String,
         errors: i64,
     },
+    /// PostgreSQL lost a table's tablesync slot ([`crate::tablesync`]) each time the mover copied
+    /// again.
+    #[error(
+        "{step}: the initial copy of {table} on shard {to} lost its tablesync slot on shard \
+         {from} {attempts} time(s) (the target stopped as PostgreSQL finished the table's copy)\n  \
+         fix: `resume` copies every table again; `abort` gives the move up"
+    )]
+    TablesyncLost {
+        step: Step,
+        table: String,
+        from: String,
+        to: String,
+        attempts: u32,
+    },
     /// The move is in a state that does not allow what was asked.
     #[error("move {move_id} ({phase}): {why}")]
     State {

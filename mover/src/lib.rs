@@ -71,6 +71,7 @@ mod sequences;
 mod side;
 mod sizes;
 mod status;
+mod tablesync;
 mod telemetry;
 mod throttle;
 mod tracking;

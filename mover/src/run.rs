@@ -33,6 +33,7 @@ use crate::purge;
 use crate::record::{self, Method, MoveRecord};
 use crate::sequences;
 use crate::side::Side;
+use crate::tablesync::LostSlots;
 use crate::tracking::{self, Changed, Tracker, Tracking};
 use crate::verify;
 
@@ -44,6 +45,16 @@ pub(crate) fn stopped(move_id: i64, error: Error, phase: Option<Phase>) -> Failu
         phase,
         abort_error: None,
     }
+}
+
+/// Copies of every table made in one run before a lost tablesync slot stops the move.
+const COPY_ATTEMPTS: u32 = 3;
+
+/// How the wait for the subscription's initial copy ended.
+enum Synced {
+    Ready,
+    /// These tables' copies PostgreSQL can no longer finish (`tablesync`).
+    Lost(Vec<String>),
 }
 
 /// The directory steps a move makes, each committed with the record's phase.
@@ -525,8 +536,68 @@ impl<'m> Run<'m> {
 
     /// Logical: publication and subscription, then the initial copy of every table: the
     /// subscription's own, or with a pace the mover's (`initial_copy`). A copy of the mover's
-    /// found unfinished, or where the subscription is now to copy, is made again from the start.
+    /// found unfinished, or where the subscription is now to copy, is made again from the start,
+    /// and so is one PostgreSQL can no longer finish (`tablesync`), up to [`COPY_ATTEMPTS`] times.
     async fn replicate(&mut self) -> Result<(), Error> {
+        let mut attempt = 1;
+        loop {
+            let lost = match self.replicate_once().await? {
+                Synced::Ready => return Ok(()),
+                Synced::Lost(tables) => tables,
+            };
+            let target = self.target(Step::Sync)?.name().to_owned();
+            if attempt == COPY_ATTEMPTS {
+                return Err(Error::TablesyncLost {
+                    step: Step::Sync,
+                    table: lost.join(", "),
+                    from: self.source.name().to_owned(),
+                    to: target,
+                    attempts: attempt,
+                });
+            }
+            self.observer.note(
+                self.id(),
+                &format!(
+                    "the initial copy of {} on shard {target} lost its tablesync slot on shard {} \
+                     (the target stopped as PostgreSQL finished the table's copy); copying every \
+                     table again",
+                    lost.join(", "),
+                    self.source.name()
+                ),
+            );
+            self.copy_again().await?;
+            attempt += 1;
+        }
+    }
+
+    /// Back to before the initial copy: the replication dropped and the rows it copied deleted
+    /// from the target (it held none of the entity's when the move began: preflight).
+    async fn copy_again(&mut self) -> Result<(), Error> {
+        self.drop_replication(Step::Sync).await?;
+        let version = entry::current_version(&self.directory)
+            .await
+            .at(Step::Sync, Place::Directory)?;
+        self.target(Step::Sync)?;
+        let Ok(target) = self.target.as_mut() else {
+            unreachable!("checked just above")
+        };
+        purge::delete_rows(
+            (&mut target.client, &target.endpoint.name),
+            &self.tables,
+            &self.key,
+            version,
+            &mut self.options.throttle(),
+            Step::Sync,
+            |_, _| {},
+        )
+        .await?;
+        for p in self.record.tables.values_mut() {
+            (p.copied, p.rows_per_second, p.eta_seconds) = (0, None, None);
+        }
+        Ok(())
+    }
+
+    async fn replicate_once(&mut self) -> Result<Synced, Error> {
         let name = self.record.replication_name.clone();
         let paced = self.options.throttle().paces() && self.record.reverses.is_none();
         let mut signature = logical::signature(&self.record);
@@ -573,16 +644,36 @@ impl<'m> Run<'m> {
             self.replication_trouble(Step::Replicate, shards, t, &what)
         })?;
         if paced {
-            return self.copy_paced().await;
+            return self.copy_paced().await.map(|()| Synced::Ready);
         }
+        self.observer.step(self.id(), Step::Sync).await;
         let started = Instant::now();
         let mut saved = Instant::now();
-        loop {
+        let mut lost = LostSlots::default();
+        for poll in 0u32.. {
             let target = self.target(Step::Sync)?;
             let state = logical::sync_state(&target.client, &name)
                 .await
                 .at(Step::Sync, target.name())?;
-            self.check_replication(&state, Step::Sync).await?;
+            // Every half second, and at once when the subscription stopped: a lost slot stops
+            // it (`disable_on_error`), and the copy is made again instead.
+            if poll % 10 == 9 || !state.enabled {
+                let target = self.target(Step::Sync)?;
+                let lost = lost
+                    .look(
+                        (&self.source.client, self.source.name()),
+                        (&target.client, target.name()),
+                        &name,
+                        Step::Sync,
+                    )
+                    .await?;
+                if !lost.is_empty() {
+                    return Ok(Synced::Lost(lost));
+                }
+            }
+            if !lost.suspects() {
+                self.check_replication(&state, Step::Sync).await?;
+            }
             let id = self.id();
             for (table, ready, copied) in &state.tables {
                 if let Some(p) = self.record.tables.get_mut(table) {
@@ -605,7 +696,8 @@ impl<'m> Run<'m> {
                 let target = self.target(Step::Sync)?;
                 return logical::analyze(&target.client, &self.tables)
                     .await
-                    .at(Step::Sync, target.name());
+                    .at(Step::Sync, target.name())
+                    .map(|()| Synced::Ready);
             }
             if started.elapsed() > self.options.sync_timeout {
                 // Tablesync slots wait for the source's transactions in progress, as the main
@@ -613,11 +705,19 @@ impl<'m> Run<'m> {
                 let blockers = logical::transactions_in_progress(&self.source.client)
                     .await
                     .at(Step::Sync, self.source.name())?;
+                let waiting: Vec<&str> = state
+                    .tables
+                    .iter()
+                    .filter(|(_, ready, _)| !ready)
+                    .map(|(table, _, _)| table.as_str())
+                    .collect();
                 return Err(Error::Timeout {
                     step: Step::Sync,
                     what: format!(
-                        "the initial copy of every table (transactions in progress on shard \
-                         {}: {blockers})",
+                        "the initial copy of {} on shard {} (its server log says why; \
+                         transactions in progress on shard {}: {blockers})",
+                        waiting.join(", "),
+                        self.target(Step::Sync)?.name(),
                         self.source.name()
                     ),
                     after: self.options.sync_timeout,
@@ -625,6 +725,7 @@ impl<'m> Run<'m> {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        unreachable!("the loop returns")
     }
 
     /// The mover's initial copy, paced: from a snapshot that matches the slot's position; then

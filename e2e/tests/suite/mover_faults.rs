@@ -12,7 +12,7 @@ use shard_directory_client::{DirectoryConfig, EntityKey, RetryPolicy};
 use shard_directory_e2e::observe::{self, act_at};
 use shard_directory_e2e::topology::CHECKED_AND_LEFT_OPEN;
 use shard_directory_e2e::{eventually, Topology};
-use shard_directory_mover::{Error, Left, MethodChoice, MoveOptions, Phase};
+use shard_directory_mover::{Error, Left, MethodChoice, MoveOptions, Phase, Step};
 use tokio::sync::Notify;
 use tokio_postgres::error::SqlState;
 
@@ -663,6 +663,139 @@ async fn a_subscription_the_target_refuses_is_reported_on_the_target() {
     assert_eq!(aborted.phase, Phase::Aborted);
     assert_eq!(t.placement("a").await, "shard_1");
     assert_eq!(t.rows("shard_1", "a").await, (5, 5));
+    assert!(
+        t.replication_objects().await.is_empty(),
+        "{:?}",
+        t.replication_objects().await
+    );
+}
+
+/// PostgreSQL drops a table's tablesync slot on the source before it records the table as synced
+/// on the target; a target that stops in between comes back with the table copied (`f`) and its
+/// slot gone, and retries the catch-up forever. The mover sees the slot lost, copies every table
+/// again, and the move ends with the writes made meanwhile.
+#[tokio::test]
+async fn a_copy_whose_tablesync_slot_was_lost_is_made_again() {
+    let t = with_tenant("tablesync-lost").await;
+    let (hold, reached) = observe::hold_at(Step::Sync);
+    let mover = t.mover(logical()).with_observer(hold);
+    observe::until_held(&reached, "the move at its initial copy", async {
+        mover.start(&tenant("a"), "shard_2").await
+    })
+    .await;
+    let id = observe::open_move(&t, &tenant("a")).await;
+    let name = format!("sd_move_{id}");
+    let target = t.shard("shard_2").await;
+    let states = "SELECT count(*) FILTER (WHERE r.srsubstate = 'r'), count(*)
+                  FROM pg_subscription s JOIN pg_subscription_rel r ON r.srsubid = s.oid
+                  WHERE s.subname = $1";
+    eventually("every table synced", DEADLINE, || async {
+        let r = target.query_one(states, &[&name]).await.unwrap();
+        (r.get::<_, i64>(0) == 2 && r.get::<_, i64>(1) == 2).then_some(())
+    })
+    .await;
+    let write = |item: &'static str| {
+        let t = &t;
+        async move {
+            t.write_as_client(
+                "shard_1",
+                &format!("INSERT INTO orders (tenant_id, item) VALUES ('a', '{item}')"),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    write("before the loss").await;
+    // As PostgreSQL leaves a table whose tablesync worker dropped its slot and then stopped: the
+    // copy recorded (`f`), no slot on the source (nor here the origin of a table since synced).
+    target
+        .batch_execute(&format!("ALTER SUBSCRIPTION {name} DISABLE"))
+        .await
+        .unwrap();
+    eventually("the subscription's workers to stop", DEADLINE, || async {
+        let r = target
+            .query_one(
+                "SELECT count(*) FROM pg_stat_subscription WHERE subname = $1 AND pid IS NOT NULL",
+                &[&name],
+            )
+            .await
+            .unwrap();
+        (r.get::<_, i64>(0) == 0).then_some(())
+    })
+    .await;
+    target
+        .execute(
+            "UPDATE pg_subscription_rel SET srsubstate = 'f', srsublsn = NULL
+             WHERE srsubid = (SELECT oid FROM pg_subscription WHERE subname = $1)
+               AND srrelid = 'orders'::regclass",
+            &[&name],
+        )
+        .await
+        .unwrap();
+    target
+        .batch_execute(&format!("ALTER SUBSCRIPTION {name} ENABLE"))
+        .await
+        .unwrap();
+    write("while lost").await;
+    eventually(
+        "PostgreSQL failing to finish the copy",
+        DEADLINE,
+        || async {
+            let r = target
+                .query_one(
+                    "SELECT st.sync_error_count FROM pg_stat_subscription_stats st
+                 JOIN pg_subscription s ON s.oid = st.subid WHERE s.subname = $1",
+                    &[&name],
+                )
+                .await
+                .unwrap();
+            (r.get::<_, i64>(0) > 0).then_some(())
+        },
+    )
+    .await;
+    let notes = act_at(Phase::Aborted, || Box::pin(std::future::ready(())));
+    let record = t
+        .mover(MoveOptions {
+            sync_timeout: Duration::from_secs(60),
+            ..logical()
+        })
+        .with_observer(notes.clone())
+        .resume(id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(record.phase, Phase::Done);
+    assert!(
+        notes.notes().iter().any(|n| n.contains(
+            "the initial copy of public.orders on shard shard_2 lost its tablesync slot on shard \
+             shard_1"
+        ) && n.contains("copying every table again")),
+        "{:?}",
+        notes.notes()
+    );
+    assert_eq!(
+        t.entry("tenant", "a").await,
+        ("shard_2".into(), "active".into())
+    );
+    let rows = |shard: &'static str| {
+        let t = &t;
+        async move {
+            let c = t.shard(shard).await;
+            let r = c
+                .query_one(
+                    "SELECT (SELECT array_agg(item ORDER BY item COLLATE \"C\") FROM orders WHERE tenant_id = 'a'),
+                            (SELECT count(*) FROM order_lines WHERE tenant_id = 'a')",
+                    &[],
+                )
+                .await
+                .unwrap();
+            (r.get::<_, Option<Vec<String>>>(0), r.get::<_, i64>(1))
+        }
+    };
+    let mut expected: Vec<String> = (1..=10).map(|n| format!("seed a {n}")).collect();
+    expected.extend(["before the loss".into(), "while lost".into()]);
+    expected.sort();
+    assert_eq!(rows("shard_2").await, (Some(expected), 20));
+    assert_eq!(rows("shard_1").await, (None, 0));
     assert!(
         t.replication_objects().await.is_empty(),
         "{:?}",
