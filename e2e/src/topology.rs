@@ -274,6 +274,22 @@ impl Topology {
         overrides
     }
 
+    /// Creates role `app_router` on the directory holding what docs/operations.md lists for
+    /// routers (its "router grants" block), and returns the directory's settings as that role.
+    pub async fn router_role(&self) -> tokio_postgres::Config {
+        self.dba()
+            .await
+            .batch_execute(&format!(
+                "CREATE ROLE app_router LOGIN; {}",
+                documented_grants("router grants")
+            ))
+            .await
+            .expect("the router's role");
+        let mut config = self.directory_config();
+        config.user("app_router");
+        config
+    }
+
     /// Creates role `mover` on the directory and every shard, holding nothing.
     pub async fn create_mover_role(&self) {
         let create = "CREATE ROLE mover LOGIN";
@@ -296,10 +312,10 @@ impl Topology {
     pub async fn grant_mover_as_readme_lists(&self, tables: &str, sequences: &str) {
         self.dba()
             .await
-            .batch_execute(&documented_grants("directory"))
+            .batch_execute(&documented_grants("mover grants: directory"))
             .await
             .expect("the directory's grants");
-        let shard = documented_grants("shard")
+        let shard = documented_grants("mover grants: shard")
             .replace("<each protected table>", tables)
             .replace("<each sequence they draw from>", sequences);
         for (name, _) in &self.shards {
@@ -498,13 +514,15 @@ pub const CHECKED_AND_LEFT_OPEN: &str =
     "BEGIN; SELECT set_config('app.directory_version', '1000000', true); \
      SELECT shard_directory.assert_directory_version()";
 
+/// The SQL block docs/operations.md gives after its `<!-- which -->` marker ("router grants",
+/// "mover grants: directory", "mover grants: shard").
 pub fn documented_grants(which: &str) -> String {
     let docs = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../docs/operations.md"
     ))
     .expect("read docs/operations.md");
-    let marker = format!("<!-- mover grants: {which} -->");
+    let marker = format!("<!-- {which} -->");
     let after = &docs[docs.find(&marker).expect("the marker is in the docs") + marker.len()..];
     let start = after.find("```sql\n").expect("an SQL block follows") + "```sql\n".len();
     let end = after[start..].find("```").expect("the block ends");

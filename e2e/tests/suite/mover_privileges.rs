@@ -61,7 +61,7 @@ async fn a_role_holding_exactly_what_readme_lists_moves_tenants_and_nothing_less
         ],
     )
     .await;
-    let directory = documented_grants("directory");
+    let directory = documented_grants("mover grants: directory");
     t.dba().await.batch_execute(&directory).await.unwrap();
     refused_for(
         &t,
@@ -72,7 +72,7 @@ async fn a_role_holding_exactly_what_readme_lists_moves_tenants_and_nothing_less
         ],
     )
     .await;
-    let shard = documented_grants("shard")
+    let shard = documented_grants("mover grants: shard")
         .replace(
             "<each protected table>",
             "public.orders, public.order_lines",

@@ -9,6 +9,7 @@ use redis::AsyncCommands;
 use shard_directory_client::{Directory, DirectoryConfig, RelayConfig, WATCHER_APPLICATION_NAME};
 use shard_directory_e2e::mover_cli::command;
 use shard_directory_e2e::redis::RedisServer;
+use shard_directory_e2e::topology::{connected_directory, DIRECTORY_DB};
 use shard_directory_e2e::{eventually, reaches, Topology};
 use shard_directory_mover::RELAY_APPLICATION_NAME;
 use shard_directory_protocol::relay::{seal, Change};
@@ -19,14 +20,18 @@ const CHANNEL: &str = "shard_directory";
 
 /// `shard-directory relay` on `t`'s directory, publishing to `redis` (killed on drop).
 fn relay(t: &Topology, redis: &RedisServer) -> tokio::process::Child {
-    relay_to(t, &redis.url())
+    relay_to(t, &redis.url(), "postgres")
 }
 
-/// `shard-directory relay` on `t`'s directory, publishing to the Redis at `url`.
-fn relay_to(t: &Topology, url: &str) -> tokio::process::Child {
+/// `shard-directory relay` on `t`'s directory as `role`, publishing to the Redis at `url`.
+fn relay_to(t: &Topology, url: &str, role: &str) -> tokio::process::Child {
     let key_file = std::env::temp_dir().join(format!("sd-relay-key-{}", fastrand::u64(..)));
     std::fs::write(&key_file, [KEY, b"\n"].concat()).unwrap();
     command(t)
+        .env(
+            "SHARD_DIRECTORY_URL",
+            format!("{} user={role}", t.directory.conn_str(DIRECTORY_DB)),
+        )
         .args(["relay", "--redis", url, "--heartbeat", "200ms"])
         .arg("--key-file")
         .arg(&key_file)
@@ -38,13 +43,12 @@ fn relay_to(t: &Topology, url: &str) -> tokio::process::Child {
 }
 
 async fn relayed(t: &Topology, redis: &RedisServer) -> Directory {
-    relayed_from(t, &redis.url()).await
+    relayed_from(&redis.url(), t.directory_config()).await
 }
 
-async fn relayed_from(t: &Topology, url: &str) -> Directory {
+async fn relayed_from(url: &str, at: tokio_postgres::Config) -> Directory {
     let relay = RelayConfig::new(url, KEY.to_vec()).silence(Duration::from_secs(1));
-    t.client_directory(DirectoryConfig::default().relay(relay))
-        .await
+    connected_directory(at, DirectoryConfig::default().relay(relay)).await
 }
 
 /// The directory's sessions named `application_name`.
@@ -211,10 +215,13 @@ async fn forged_old_and_foreign_messages_change_nothing_and_a_replay_is_no_news(
 
 /// The Redis ACLs docs/operations.md gives: the relay may only publish, the instances only
 /// subscribe; both work, and an instance's user cannot publish.
+/// Redis ACLs and directory grants as documented: the relay and the instances hold the router's
+/// grants, the relay may only publish and the instances only subscribe.
 #[tokio::test]
 async fn with_the_documented_acls_the_relay_publishes_and_instances_only_subscribe() {
     let t = Topology::start("relay-acl").await;
     t.add_tenants(1, "shard_1").await;
+    let router = t.router_role().await;
     let redis = RedisServer::start_with(&[
         "--user",
         "default",
@@ -239,9 +246,10 @@ async fn with_the_documented_acls_the_relay_publishes_and_instances_only_subscri
         "+ping",
     ])
     .await;
-    let _process = relay_to(&t, &redis.url_as("relay", "relay-secret"));
-    let d = relayed_from(&t, &redis.url_as("app", "app-secret")).await;
+    let _process = relay_to(&t, &redis.url_as("relay", "relay-secret"), "app_router");
+    let d = relayed_from(&redis.url_as("app", "app-secret"), router).await;
     watchers(&t, 0).await;
+    assert_eq!(sessions(&t, RELAY_APPLICATION_NAME).await, 1);
     assert_eq!(d.lookup("tenant", "1").await.unwrap().shard_name, "shard_1");
     let moved = t
         .step("SELECT shard_directory.begin_move('tenant', '1', 'shard_2')")

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use shard_directory_client::{Directory, DirectoryConfig, Stats};
-use shard_directory_e2e::topology::DIRECTORY_DB;
+use shard_directory_e2e::topology::{connected_directory, DIRECTORY_DB};
 use shard_directory_e2e::{eventually, reaches, Cluster, Topology};
 
 const DEADLINE: Duration = Duration::from_secs(15);
@@ -34,20 +34,26 @@ async fn standby(t: &Topology, name: &str) -> Cluster {
     t.directory.standby(name)
 }
 
-async fn with_replica(t: &Topology, standby: &Cluster) -> Directory {
+/// A client reading on `standby`, as `role` on both servers.
+async fn with_replica(t: &Topology, standby: &Cluster, role: &str) -> Directory {
+    let (mut primary, mut replica) = (t.directory_config(), standby.config(DIRECTORY_DB));
+    primary.user(role);
+    replica.user(role);
     // Long enough for a loaded machine's replay; a stopped replay costs a test this per read.
     let config = DirectoryConfig::default()
-        .replica(standby.config(DIRECTORY_DB))
+        .replica(replica)
         .replica_wait(Duration::from_secs(2));
-    t.client_directory(config).await
+    connected_directory(primary, config).await
 }
 
 #[tokio::test]
 async fn reads_go_to_a_replica_that_has_replayed_the_version_and_to_the_primary_when_behind() {
     let t = Topology::start("replica").await;
     t.add_tenants(100, "shard_1").await;
+    // The router's documented grants are all a replica's reader needs.
+    t.router_role().await;
     let standby = standby(&t, "replica-standby").await;
-    let d = with_replica(&t, &standby).await;
+    let d = with_replica(&t, &standby, "app_router").await;
 
     let before = d.stats();
     assert_eq!(d.lookup("tenant", "1").await.unwrap().shard_name, "shard_1");
@@ -119,7 +125,7 @@ async fn a_replica_that_stops_sends_reads_to_the_primary_and_rests() {
     let t = Topology::start("replica-down").await;
     t.add_tenants(3, "shard_1").await;
     let standby = standby(&t, "replica-down-standby").await;
-    let d = with_replica(&t, &standby).await;
+    let d = with_replica(&t, &standby, "postgres").await;
     standby.stop();
     let before = d.stats();
     assert_eq!(d.lookup("tenant", "1").await.unwrap().shard_name, "shard_1");

@@ -159,3 +159,38 @@ async fn a_redis_outage_falls_through_to_the_directory() {
     assert_eq!(after.shared_cache_misses - before.shared_cache_misses, 1);
     assert_eq!(after.store_queries - before.store_queries, 1);
 }
+
+/// The Redis ACL client/README.md gives the instances (keys under the prefix, GET, and the
+/// script that keeps the newest read with the SET it runs) is all they need to share fills.
+#[tokio::test]
+async fn instances_share_fills_with_the_documented_redis_acl() {
+    let t = Topology::start("shared-acl").await;
+    t.add_tenant("8842", "shard_1").await;
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../client/README.md"))
+            .unwrap();
+    let acl = readme
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("ACL SETUSER app on >SECRET "))
+        .expect("client/README.md gives the instances' ACL");
+    let mut settings = vec![
+        "--user",
+        "default",
+        "off",
+        "--user",
+        "app",
+        "on",
+        ">app-secret",
+    ];
+    settings.extend(acl.split_whitespace());
+    let redis = RedisServer::start_with(&settings).await;
+    let shared = || SharedCacheConfig::new(redis.url_as("app", "app-secret")).kept_changes(100_000);
+    let a = t
+        .client_directory(DirectoryConfig::default().shared_cache(shared()))
+        .await;
+    let b = t
+        .client_directory(DirectoryConfig::default().shared_cache(shared()))
+        .await;
+    assert_eq!(cost(&a, "8842").await, ("shard_1".into(), (0, 1)));
+    assert_eq!(cost(&b, "8842").await, ("shard_1".into(), (1, 0)));
+}
