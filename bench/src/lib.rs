@@ -158,3 +158,25 @@ pub fn results_dir() -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).expect("create the results folder");
     dir
 }
+
+/// The key a benchmark's relay seals with, and its instances open with.
+pub const RELAY_KEY: &[u8] = b"bench";
+
+/// `shard-directory relay` on `cluster`'s `bench` database, run in this process against a Redis of
+/// its own: one directory session, publishing to that Redis (its URL is the Redis's own).
+pub async fn start_relay(cluster: &Cluster) -> shard_directory_e2e::redis::RedisServer {
+    let redis = shard_directory_e2e::redis::RedisServer::start().await;
+    let options = shard_directory_mover::RelayOptions {
+        redis: redis.url(),
+        channel: "shard_directory".into(),
+        key: RELAY_KEY.to_vec(),
+        heartbeat: Duration::from_secs(1),
+    };
+    let directory = cluster.config("bench");
+    tokio::spawn(async move {
+        shard_directory_mover::relay(&directory, &options)
+            .await
+            .unwrap()
+    });
+    redis
+}

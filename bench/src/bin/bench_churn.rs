@@ -1,9 +1,11 @@
-//! Hit rate under churn: two clients in one process hold every existing tenant in cache while new
-//! tenants are inserted at a steady rate; one learns what changed (`changes_since`, the default),
-//! the other only the version (a role not granted `changes_since`, so every change flushes its
-//! whole cache, as before 0.2.0). Both look up random existing tenants the whole time; the hit
-//! rate of each and their ratio is reported, with the memory the by-entity client's cache took
-//! per entry (RSS growth over its warm-up / entries).
+//! Hit rate under churn: three clients in one process hold every existing tenant in cache while
+//! new tenants are inserted at a steady rate; one learns what changed (`changes_since`, the
+//! default) from its own LISTEN, one the same through the relay (`shard-directory relay`, run in
+//! this process, and Redis pub/sub), the last only the version (a role not granted
+//! `changes_since`, so every change flushes its whole cache, as before 0.2.0). Each looks up
+//! random existing tenants the whole time; the hit rate of each and their ratios are reported,
+//! with the memory the by-entity client's cache took per entry (RSS growth over its warm-up /
+//! entries).
 //!
 //! `BENCH_ENTRIES` (1,000,000), `BENCH_SECONDS` (20, the churn), `BENCH_INSERTS` (50 per second).
 //! Run with `bash scripts/bench.sh churn`.
@@ -12,8 +14,10 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use shard_directory_bench::{bench_directory, look_up, seed_tenants, setting, Onboarding};
-use shard_directory_client::{Directory, DirectoryConfig};
+use shard_directory_bench::{
+    bench_directory, look_up, seed_tenants, setting, start_relay, Onboarding, RELAY_KEY,
+};
+use shard_directory_client::{Directory, DirectoryConfig, RelayConfig};
 use shard_directory_e2e::reaches;
 
 /// Resident set size of this process, in bytes.
@@ -49,10 +53,20 @@ async fn main() {
     config.user("version_only_router");
     let flushing = Directory::connect(config, settings()).await.unwrap();
     look_up(&flushing, 1..=entries, 32).await;
+    let redis = start_relay(&cluster).await;
+    let relay = RelayConfig::new(redis.url(), RELAY_KEY.to_vec());
+    let relayed = Directory::connect(cluster.config("bench"), settings().relay(relay))
+        .await
+        .unwrap();
+    look_up(&relayed, 1..=entries, 32).await;
 
     let onboarding = Onboarding::start(&cluster, per_second).await;
     let stop = Arc::new(AtomicBool::new(false));
-    let clients = [("by entity", &by_entity), ("full flush", &flushing)];
+    let clients = [
+        ("by entity", &by_entity),
+        ("by entity, through the relay", &relayed),
+        ("full flush", &flushing),
+    ];
     let start_stats: Vec<_> = clients.iter().map(|(_, d)| d.stats()).collect();
     let started = Instant::now();
     let mut readers = Vec::new();
@@ -90,8 +104,8 @@ async fn main() {
          ({:.0}/s), random lookups of existing tenants (2 tasks per client)",
         inserted as f64 / elapsed
     );
-    println!("| client | lookups | hit rate | full flushes |");
-    println!("|---|---|---|---|");
+    println!("| client | lookups | hit rate | full flushes | relay messages taken |");
+    println!("|---|---|---|---|---|");
     let mut rates = Vec::new();
     for ((name, d), start) in clients.iter().zip(start_stats) {
         let s = d.stats();
@@ -102,15 +116,17 @@ async fn main() {
         let rate = hits as f64 / (hits + misses).max(1) as f64;
         rates.push(rate);
         println!(
-            "| {name} | {} | {:.4}% | {} |",
+            "| {name} | {} | {:.4}% | {} | {} |",
             hits + misses,
             rate * 100.0,
-            s.full_flushes - start.full_flushes
+            s.full_flushes - start.full_flushes,
+            s.relay_messages - start.relay_messages
         );
     }
     println!(
-        "by entity / full flush hit rate: {:.1}x; cache memory per entry (by entity, RSS growth \
-         over the warm-up / {entries}): {per_entry:.0} B",
-        rates[0] / rates[1].max(f64::EPSILON)
+        "by entity / full flush hit rate: {:.1}x; through the relay / own LISTEN: {:.4}x; cache \
+         memory per entry (by entity, RSS growth over the warm-up / {entries}): {per_entry:.0} B",
+        rates[0] / rates[2].max(f64::EPSILON),
+        rates[1] / rates[0].max(f64::EPSILON)
     );
 }

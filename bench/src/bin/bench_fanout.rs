@@ -28,11 +28,10 @@ use std::sync::mpsc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::StreamExt;
-use shard_directory_bench::{bench_directory, results_dir, setting, sizes};
+use shard_directory_bench::{bench_directory, results_dir, setting, sizes, start_relay, RELAY_KEY};
 use shard_directory_client::{Directory, DirectoryConfig, RelayConfig, WATCHER_APPLICATION_NAME};
-use shard_directory_e2e::redis::RedisServer;
 use shard_directory_e2e::{Cluster, CpuTimes};
-use shard_directory_mover::{RelayOptions, RELAY_APPLICATION_NAME};
+use shard_directory_mover::RELAY_APPLICATION_NAME;
 
 const PROCESSES: usize = 4;
 
@@ -94,9 +93,6 @@ async fn listener(conn: &str, instances: usize) {
     println!("ready");
     std::future::pending::<()>().await;
 }
-
-/// The key the relay seals with, and the instances open with.
-const RELAY_KEY: &[u8] = b"bench";
 
 /// A worker: `instances` directories on `conn` (following the relay at `relay` when given);
 /// prints `ready`, then `<instance> <version> <unix ns>` each time an instance learns a version.
@@ -282,20 +278,7 @@ async fn main() {
     // the run before, which may not have gone yet, and room to spare.
     let connections = (3 * most + 20).to_string();
     let (cluster, _) = bench_directory("bench-fanout", &[("max_connections", &connections)]).await;
-    // The relay, in this process: one directory session, publishing to a Redis of its own.
-    let redis = RedisServer::start().await;
-    let relay_options = RelayOptions {
-        redis: redis.url(),
-        channel: "shard_directory".into(),
-        key: RELAY_KEY.to_vec(),
-        heartbeat: Duration::from_secs(1),
-    };
-    let relay_directory = cluster.config("bench");
-    tokio::spawn(async move {
-        shard_directory_mover::relay(&relay_directory, &relay_options)
-            .await
-            .unwrap()
-    });
+    let redis = start_relay(&cluster).await;
     let mut relay_rows = Vec::new();
     println!(
         "invalidation latency, ms from the change sent to the instances knowing its version \
