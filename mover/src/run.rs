@@ -574,23 +574,7 @@ impl<'m> Run<'m> {
     /// from the target (it held none of the entity's when the move began: preflight).
     async fn copy_again(&mut self) -> Result<(), Error> {
         self.drop_replication(Step::Sync).await?;
-        let version = entry::current_version(&self.directory)
-            .await
-            .at(Step::Sync, Place::Directory)?;
-        self.target(Step::Sync)?;
-        let Ok(target) = self.target.as_mut() else {
-            unreachable!("checked just above")
-        };
-        purge::delete_rows(
-            (&mut target.client, &target.endpoint.name),
-            &self.tables,
-            &self.key,
-            version,
-            &mut self.options.throttle(),
-            Step::Sync,
-            |_, _| {},
-        )
-        .await?;
+        self.delete_rows_on_target(Step::Sync).await?;
         for p in self.record.tables.values_mut() {
             (p.copied, p.rows_per_second, p.eta_seconds) = (0, None, None);
         }
@@ -1448,6 +1432,28 @@ impl<'m> Run<'m> {
             .at(step, target.name())
     }
 
+    /// Deletes the entity's rows from the target. It held none when the move began (preflight),
+    /// and its fence let nothing but the move write them since: all there are the move's.
+    async fn delete_rows_on_target(&mut self, step: Step) -> Result<(), Error> {
+        let version = entry::current_version(&self.directory)
+            .await
+            .at(step, Place::Directory)?;
+        self.target(step)?;
+        let Ok(target) = self.target.as_mut() else {
+            unreachable!("checked just above")
+        };
+        purge::delete_rows(
+            (&mut target.client, &target.endpoint.name),
+            &self.tables,
+            &self.key,
+            version,
+            &mut self.options.throttle(),
+            step,
+            |_, _| {},
+        )
+        .await
+    }
+
     async fn delete_rows_on_source(&mut self) -> Result<(), Error> {
         let version = entry::current_version(&self.directory)
             .await
@@ -1505,22 +1511,7 @@ impl<'m> Run<'m> {
         }
         self.drop_replication(Step::Abort).await?;
         self.drop_way_back(Step::Abort).await?;
-        let version = entry::current_version(&self.directory)
-            .await
-            .at(Step::Abort, Place::Directory)?;
-        // The target held none of the entity's rows when the move began (preflight), and its
-        // fence let nothing but the move write them since: all there are the move's.
-        let target = self.target.as_mut().expect("reached above");
-        purge::delete_rows(
-            (&mut target.client, &target.endpoint.name),
-            &self.tables,
-            &self.key,
-            version,
-            &mut self.options.throttle(),
-            Step::Abort,
-            |_, _| {},
-        )
-        .await?;
+        self.delete_rows_on_target(Step::Abort).await?;
         let target = self.target(Step::Abort)?;
         let before = self.record.target_fence.clone();
         self.set_fence_patiently(target, &before, Step::Abort)
