@@ -171,7 +171,7 @@ pub enum Error {
         shard: String,
         errors: i64,
     },
-    /// PostgreSQL lost a table's tablesync slot ([`crate::tablesync`]) each time the mover copied
+    /// PostgreSQL lost a table's tablesync slot (`mover/src/tablesync.rs`) each time the mover copied
     /// again.
     #[error(
         "{step}: the initial copy of {table} on shard {to} lost its tablesync slot on shard \
