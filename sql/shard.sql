@@ -44,15 +44,18 @@ CREATE TRIGGER shard_fences_no_truncate
 SELECT pg_catalog.pg_extension_config_dump('shard_settings', '');
 SELECT pg_catalog.pg_extension_config_dump('shard_fences', '');
 
--- Partitions created or attached after protect(parent) get the statement trigger too (the row
--- trigger PostgreSQL clones by itself), so a TRUNCATE made straight to one is checked. SECURITY
--- DEFINER: the trigger functions are not PUBLIC, and the role adding a partition needs no grant.
+-- Partitions created or attached after protect(parent) get its triggers too: the statement
+-- trigger, so a TRUNCATE made straight to one is checked, and (on those that hold rows) the row
+-- trigger, with the key the parent's statement trigger carries (none: protect(parent) without a
+-- key, for the shard-wide rule). SECURITY DEFINER: the trigger functions are not PUBLIC, and the
+-- role adding a partition needs no grant.
 CREATE FUNCTION protect_new_partitions() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     part regclass;
+    args text;
 BEGIN
     FOR part IN
         SELECT DISTINCT tree.relid::regclass
@@ -66,6 +69,24 @@ BEGIN
         EXECUTE format('CREATE TRIGGER shard_directory_protect '
                        'BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %s FOR EACH STATEMENT '
                        'EXECUTE FUNCTION shard_directory.shard_directory_protect_statement()', part);
+    END LOOP;
+    FOR part, args IN
+        SELECT tree.relid::regclass,
+               coalesce(max(format('%L, %L', p.key_column, p.entity_type))
+                            FILTER (WHERE p.tbl IS NOT NULL), '')
+          FROM pg_trigger t
+         CROSS JOIN LATERAL pg_partition_tree(t.tgrelid) tree
+          LEFT JOIN shard_directory.protected_tables() p ON p.tbl = t.tgrelid
+         WHERE t.tgfoid = 'shard_directory.shard_directory_protect_statement()'::regprocedure
+           AND tree.relid <> t.tgrelid
+           AND (SELECT c.relkind FROM pg_class c WHERE c.oid = tree.relid) = 'r'
+           AND NOT EXISTS (SELECT 1 FROM pg_trigger x
+                            WHERE x.tgrelid = tree.relid AND x.tgname = 'shard_directory_protect_row')
+         GROUP BY tree.relid
+    LOOP
+        EXECUTE format('CREATE TRIGGER shard_directory_protect_row '
+                       'AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW '
+                       'EXECUTE FUNCTION shard_directory.shard_directory_protect_row(%s)', part, args);
     END LOOP;
 END
 $$;
@@ -88,8 +109,8 @@ AS $$
            convert_from(substring(t.tgargs FROM z.at + 1 FOR octet_length(t.tgargs) - z.at - 1), 'UTF8')
     FROM pg_trigger t
     CROSS JOIN LATERAL (SELECT position(decode('00', 'hex') IN t.tgargs) AS at) z
-    WHERE t.tgfoid = 'shard_directory.shard_directory_protect_row()'::regprocedure
+    -- The statement trigger of the table protect() was given, not those of its partitions.
+    WHERE t.tgfoid = 'shard_directory.shard_directory_protect_statement()'::regprocedure
       AND t.tgnargs = 2
-      AND t.tgparentid = 0  -- not the clones on partitions
     ORDER BY 1
 $$;

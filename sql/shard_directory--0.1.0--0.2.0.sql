@@ -123,9 +123,9 @@ AS $$
            convert_from(substring(t.tgargs FROM z.at + 1 FOR octet_length(t.tgargs) - z.at - 1), 'UTF8')
     FROM pg_trigger t
     CROSS JOIN LATERAL (SELECT position(decode('00', 'hex') IN t.tgargs) AS at) z
-    WHERE t.tgfoid = 'shard_directory.shard_directory_protect_row()'::regprocedure
+    -- The statement trigger of the table protect() was given, not those of its partitions.
+    WHERE t.tgfoid = 'shard_directory.shard_directory_protect_statement()'::regprocedure
       AND t.tgnargs = 2
-      AND t.tgparentid = 0  -- not the clones on partitions
     ORDER BY 1
 $$;
 
@@ -204,33 +204,18 @@ SELECT pg_catalog.pg_extension_config_dump('shard_move_batches_batch_id_seq', ''
 SELECT pg_catalog.pg_extension_config_dump('shard_settings', '');
 SELECT pg_catalog.pg_extension_config_dump('shard_fences', '');
 
--- protect()'s row trigger now runs AFTER each row (keys filled by BEFORE triggers and generated
--- columns are what it checks). Re-create the ones 0.1.0 made, with their arguments.
-DO $upgrade$
-DECLARE
-    t record;
-BEGIN
-    FOR t IN
-        SELECT tg.tgrelid::regclass AS tbl, tg.tgname, pg_catalog.pg_get_triggerdef(tg.oid) AS def
-          FROM pg_catalog.pg_trigger tg
-         WHERE tg.tgfoid = 'shard_directory.shard_directory_protect_row()'::regprocedure
-           AND tg.tgparentid = 0
-    LOOP
-        EXECUTE format('DROP TRIGGER %I ON %s', t.tgname, t.tbl);
-        EXECUTE regexp_replace(t.def, '^CREATE TRIGGER (\S+) BEFORE ', 'CREATE TRIGGER \1 AFTER ');
-    END LOOP;
-END
-$upgrade$;
-
--- Partitions created or attached after protect(parent) get the statement trigger too (the row
--- trigger PostgreSQL clones by itself), so a TRUNCATE made straight to one is checked. SECURITY
--- DEFINER: the trigger functions are not PUBLIC, and the role adding a partition needs no grant.
+-- Partitions created or attached after protect(parent) get its triggers too: the statement
+-- trigger, so a TRUNCATE made straight to one is checked, and (on those that hold rows) the row
+-- trigger, with the key the parent's statement trigger carries (none: protect(parent) without a
+-- key, for the shard-wide rule). SECURITY DEFINER: the trigger functions are not PUBLIC, and the
+-- role adding a partition needs no grant.
 CREATE FUNCTION protect_new_partitions() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     part regclass;
+    args text;
 BEGIN
     FOR part IN
         SELECT DISTINCT tree.relid::regclass
@@ -244,6 +229,24 @@ BEGIN
         EXECUTE format('CREATE TRIGGER shard_directory_protect '
                        'BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %s FOR EACH STATEMENT '
                        'EXECUTE FUNCTION shard_directory.shard_directory_protect_statement()', part);
+    END LOOP;
+    FOR part, args IN
+        SELECT tree.relid::regclass,
+               coalesce(max(format('%L, %L', p.key_column, p.entity_type))
+                            FILTER (WHERE p.tbl IS NOT NULL), '')
+          FROM pg_trigger t
+         CROSS JOIN LATERAL pg_partition_tree(t.tgrelid) tree
+          LEFT JOIN shard_directory.protected_tables() p ON p.tbl = t.tgrelid
+         WHERE t.tgfoid = 'shard_directory.shard_directory_protect_statement()'::regprocedure
+           AND tree.relid <> t.tgrelid
+           AND (SELECT c.relkind FROM pg_class c WHERE c.oid = tree.relid) = 'r'
+           AND NOT EXISTS (SELECT 1 FROM pg_trigger x
+                            WHERE x.tgrelid = tree.relid AND x.tgname = 'shard_directory_protect_row')
+         GROUP BY tree.relid
+    LOOP
+        EXECUTE format('CREATE TRIGGER shard_directory_protect_row '
+                       'AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW '
+                       'EXECUTE FUNCTION shard_directory.shard_directory_protect_row(%s)', part, args);
     END LOOP;
 END
 $$;
@@ -360,3 +363,26 @@ ALTER TABLE shard_directory ENABLE ALWAYS TRIGGER shard_directory_statement_begi
 ALTER TABLE shard_directory ENABLE ALWAYS TRIGGER shard_directory_guard;
 ALTER TABLE shard_directory_version ENABLE ALWAYS TRIGGER shard_directory_version_guard;
 ALTER TABLE shard_directory_history ENABLE ALWAYS TRIGGER shard_directory_history_guard;
+
+-- Each table 0.1.0 protected with a key, protected again as 0.2.0 protects: the key on its
+-- statement trigger (where protected_tables() reads it), the row trigger AFTER each row (keys
+-- filled by BEFORE triggers and generated columns are what it checks) and on each partition
+-- rather than cloned from a partitioned table's. 0.1.0 kept the key on the row trigger.
+DO $upgrade$
+DECLARE
+    t record;
+BEGIN
+    FOR t IN
+        SELECT tg.tgrelid::regclass AS tbl,
+               convert_from(substring(tg.tgargs FROM 1 FOR z.at - 1), 'UTF8') AS key_column,
+               convert_from(substring(tg.tgargs FROM z.at + 1 FOR octet_length(tg.tgargs) - z.at - 1),
+                            'UTF8') AS entity_type
+          FROM pg_catalog.pg_trigger tg
+         CROSS JOIN LATERAL (SELECT position(decode('00', 'hex') IN tg.tgargs) AS at) z
+         WHERE tg.tgfoid = 'shard_directory.shard_directory_protect_row()'::regprocedure
+           AND tg.tgparentid = 0 AND tg.tgnargs = 2
+    LOOP
+        PERFORM shard_directory.protect(t.tbl, t.key_column, t.entity_type);
+    END LOOP;
+END
+$upgrade$;

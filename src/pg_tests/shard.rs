@@ -393,6 +393,15 @@ mod tests {
             ),
             "parts"
         );
+        // each partition's row trigger is its own, none a clone of a partitioned table's (which
+        // a parallel pg_restore could create while a partition's rows load)
+        assert_eq!(
+            one::<String>(
+                "SELECT string_agg(format('%s %s', tgrelid::regclass, tgparentid = 0), ',' ORDER BY 1) \
+                 FROM pg_trigger WHERE tgname = 'shard_directory_protect_row'"
+            ),
+            "parts_a t,parts_b t,parts_c t,plain_parts_a t"
+        );
     }
 
     #[pg_test]

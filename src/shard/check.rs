@@ -130,7 +130,8 @@ fn require_name(trigger: &PgTrigger<'_>, expected: &'static CStr, function: &'st
     }
 }
 
-/// The `(key_column, entity_type)` of the table's row trigger, if it has one with arguments.
+/// The `(key_column, entity_type)` the table was protected with: the arguments of its row
+/// trigger, or of the statement trigger of a partitioned table (which holds no rows).
 fn row_protection(relation: pg_sys::Relation) -> Option<(String, String)> {
     unsafe {
         let desc = (*relation).trigdesc;
@@ -139,7 +140,8 @@ fn row_protection(relation: pg_sys::Relation) -> Option<(String, String)> {
         }
         let triggers = std::slice::from_raw_parts((*desc).triggers, (*desc).numtriggers as usize);
         triggers.iter().find_map(|t| {
-            (CStr::from_ptr(t.tgname) == ROW_TRIGGER && t.tgnargs == 2).then(|| {
+            let name = CStr::from_ptr(t.tgname);
+            ((name == ROW_TRIGGER || name == STATEMENT_TRIGGER) && t.tgnargs == 2).then(|| {
                 let args = std::slice::from_raw_parts(t.tgargs, 2);
                 let arg = |i: usize| CStr::from_ptr(args[i]).to_string_lossy().into_owned();
                 (arg(0), arg(1))

@@ -3,10 +3,10 @@
 //!
 //! The trigger functions are not executable by PUBLIC, so `protect` creates the triggers as the
 //! owner of the extension's tables, after checking that the caller holds TRIGGER on the table
-//! (what `CREATE TRIGGER` itself asks). A partitioned table's row trigger is cloned by PostgreSQL
-//! onto every partition, present and future; the statement trigger (which also refuses TRUNCATE)
-//! is installed on each present partition. A key column's type must be one that can key an
-//! entity (`key`).
+//! (what `CREATE TRIGGER` itself asks). The statement trigger (which also refuses TRUNCATE) is
+//! installed on the table and each partition, the row trigger on each table that holds rows;
+//! partitions made or attached later get both from an event trigger. A key column's type must be
+//! one that can key an entity (`key`).
 
 use pgrx::prelude::*;
 use pgrx::PgRelation;
@@ -78,17 +78,12 @@ fn drop_triggers(oid: pg_sys::Oid) {
     );
 }
 
+/// A trigger's arguments (`$3`), quoted for `CREATE TRIGGER`.
+const ARGS: &str =
+    "(SELECT coalesce(string_agg(quote_literal(a), ', '), '') FROM unnest($3::text[]) a)";
+
 fn install(oid: pg_sys::Oid, rows: Option<(&str, &str)>) {
     drop_triggers(oid);
-    run_generated(
-        &format!(
-            "SELECT string_agg(format('CREATE TRIGGER %I \
-             BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %s \
-             FOR EACH STATEMENT EXECUTE FUNCTION shard_directory.shard_directory_protect_statement()', $2, p), '; ') \
-             FROM unnest(({TREE})::regclass[]) p"
-        ),
-        &[oid.into(), STATEMENT_TRIGGER.to_str().unwrap_or_default().into()],
-    );
     if let Some((key_column, _)) = rows {
         match key::column(oid, key_column) {
             Some(column) => {
@@ -101,6 +96,25 @@ fn install(oid: pg_sys::Oid, rows: Option<(&str, &str)>) {
             .raise(),
         }
     }
+    let args: Vec<&str> = rows.map_or_else(Vec::new, |(key_column, entity_type)| {
+        vec![key_column, entity_type]
+    });
+    // On the table and each partition; the table's carries the key, where `protected_tables()`
+    // and the event trigger that protects new partitions read it.
+    run_generated(
+        &format!(
+            "SELECT string_agg(format('CREATE TRIGGER %I \
+             BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %s FOR EACH STATEMENT \
+             EXECUTE FUNCTION shard_directory.shard_directory_protect_statement(%s)', $2, p, \
+             CASE WHEN p = $1::regclass THEN {ARGS} ELSE '' END), '; ') \
+             FROM unnest(({TREE})::regclass[]) p"
+        ),
+        &[
+            oid.into(),
+            STATEMENT_TRIGGER.to_str().unwrap_or_default().into(),
+            args.clone().into(),
+        ],
+    );
     let partitioned = spi(
         "look up the table's kind",
         Spi::get_one_with_args::<bool>(
@@ -109,18 +123,20 @@ fn install(oid: pg_sys::Oid, rows: Option<(&str, &str)>) {
         ),
     )
     .unwrap_or(false);
-    let args = match rows {
-        Some((key_column, entity_type)) => Some(vec![key_column, entity_type]),
-        // The statement trigger does not reach writes made straight to a partition.
-        None if partitioned => Some(vec![]),
-        None => None,
-    };
-    if let Some(args) = args {
+    // On each table that holds rows, its own: a partitioned table's row trigger would be cloned
+    // onto its partitions, and a parallel pg_restore, which holds a table's triggers back only
+    // until its own rows are in, could then create it while a partition's rows load. With the
+    // key; without one under a partitioned table, for the shard-wide rule on writes made straight
+    // to a partition (the statement trigger does not reach them).
+    if rows.is_some() || partitioned {
         run_generated(
-            "SELECT format('CREATE TRIGGER %I \
-             AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW \
-             EXECUTE FUNCTION shard_directory.shard_directory_protect_row(%s)', $2, $1::regclass, \
-             (SELECT coalesce(string_agg(quote_literal(a), ', '), '') FROM unnest($3::text[]) a))",
+            &format!(
+                "SELECT string_agg(format('CREATE TRIGGER %I \
+                 AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW \
+                 EXECUTE FUNCTION shard_directory.shard_directory_protect_row(%s)', $2, p, {ARGS}), '; ') \
+                 FROM unnest(({TREE})::regclass[]) p \
+                 WHERE (SELECT c.relkind FROM pg_catalog.pg_class c WHERE c.oid = p) = 'r'"
+            ),
             &[
                 oid.into(),
                 ROW_TRIGGER.to_str().unwrap_or_default().into(),
