@@ -8,15 +8,23 @@ use pgrx::pg_sys;
 use crate::error::SdError;
 
 thread_local! {
-    /// OIDs found by [`relation`]: every directory change names its tables several times, and
-    /// two catalog lookups by name each time were 1.4% of a one-entry change under `perf`.
-    static FOUND: RefCell<Vec<(&'static CStr, pg_sys::Oid)>> = const { RefCell::new(Vec::new()) };
+    /// OIDs found by [`relation`] and [`function`]: every directory change names its tables
+    /// several times, and two catalog lookups by name each time were 1.4% of a one-entry change
+    /// under `perf`; every protected INSERT asks for the trigger functions.
+    static FOUND: RefCell<Vec<(Kind, &'static CStr, pg_sys::Oid)>> = const { RefCell::new(Vec::new()) };
     /// Set by the callback (which may run while `FOUND` is borrowed): forget every OID.
     static FORGET: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Any change to a relation's or a schema's name entry (a table made, dropped, renamed or moved;
-/// the extension dropped and made anew) empties the cache, as PostgreSQL's own caches are kept.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Relation,
+    Function,
+}
+
+/// Any change to a relation's, a function's or a schema's name entry (a table made, dropped,
+/// renamed or moved; the extension dropped and made anew) empties the cache, as PostgreSQL's own
+/// caches are kept.
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, _cache: i32, _hash: u32) {
     FORGET.set(true);
@@ -25,6 +33,7 @@ unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, _cache: i32, _hash: u32)
 pub fn init() {
     for cache in [
         pg_sys::SysCacheIdentifier::RELNAMENSP,
+        pg_sys::SysCacheIdentifier::PROCNAMEARGSNSP,
         pg_sys::SysCacheIdentifier::NAMESPACENAME,
     ] {
         unsafe {
@@ -49,25 +58,49 @@ pub fn relation(name: &'static CStr) -> pg_sys::Oid {
 
 /// The OID of `shard_directory.<name>`, if it exists.
 pub fn try_relation(name: &'static CStr) -> Option<pg_sys::Oid> {
+    found(Kind::Relation, name)
+}
+
+/// The OID of the function `shard_directory.<name>()` (no arguments), if it exists.
+pub fn function(name: &'static CStr) -> Option<pg_sys::Oid> {
+    found(Kind::Function, name)
+}
+
+fn found(kind: Kind, name: &'static CStr) -> Option<pg_sys::Oid> {
     // As fresh as the catalog lookups it saves: both see invalidations once they are processed.
     if FORGET.replace(false) {
         FOUND.with_borrow_mut(Vec::clear);
     }
-    if let Some(oid) = FOUND.with_borrow(|f| f.iter().find(|(n, _)| *n == name).map(|f| f.1)) {
+    let cached = FOUND.with_borrow(|f| {
+        f.iter()
+            .find(|(k, n, _)| *k == kind && *n == name)
+            .map(|f| f.2)
+    });
+    if let Some(oid) = cached {
         return Some(oid);
     }
-    let oid = lookup(name)?;
-    FOUND.with_borrow_mut(|f| f.push((name, oid)));
+    let oid = lookup(kind, name)?;
+    FOUND.with_borrow_mut(|f| f.push((kind, name, oid)));
     Some(oid)
 }
 
-fn lookup(name: &CStr) -> Option<pg_sys::Oid> {
+fn lookup(kind: Kind, name: &CStr) -> Option<pg_sys::Oid> {
     unsafe {
         let ns = pg_sys::get_namespace_oid(c"shard_directory".as_ptr(), true);
         let oid = if ns == pg_sys::InvalidOid {
             pg_sys::InvalidOid
         } else {
-            pg_sys::get_relname_relid(name.as_ptr(), ns)
+            match kind {
+                Kind::Relation => pg_sys::get_relname_relid(name.as_ptr(), ns),
+                Kind::Function => pg_sys::GetSysCacheOid(
+                    pg_sys::SysCacheIdentifier::PROCNAMEARGSNSP as i32,
+                    pg_sys::Anum_pg_proc_oid as pg_sys::AttrNumber,
+                    pg_sys::Datum::from(name.as_ptr()),
+                    pg_sys::Datum::from(pg_sys::buildoidvector(std::ptr::null(), 0)),
+                    pg_sys::Datum::from(ns),
+                    pg_sys::Datum::from(0),
+                ),
+            }
         };
         (oid != pg_sys::InvalidOid).then_some(oid)
     }

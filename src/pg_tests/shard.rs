@@ -456,6 +456,193 @@ mod tests {
             .unwrap();
     }
 
+    /// Calls of the protect trigger functions in this transaction so far.
+    fn trigger_calls() -> i64 {
+        one(
+            "SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_xact_user_functions \
+             WHERE schemaname = 'shard_directory' AND funcname LIKE 'shard_directory_protect_%'",
+        )
+    }
+
+    /// A plain INSERT is checked by the executor hook, not the triggers (`insert_check`), with
+    /// the same verdicts; where the hook cannot see the row the trigger would, the triggers fire.
+    #[pg_test]
+    fn a_plain_insert_is_checked_without_calling_a_trigger_function() {
+        Spi::run(
+            "SET LOCAL track_functions = 'all'; \
+             CREATE TABLE orders (id int GENERATED ALWAYS AS IDENTITY, tenant_id text, item text, \
+               UNIQUE (tenant_id, item)); \
+             SELECT shard_directory.protect('orders', 'tenant_id', 'tenant'); \
+             SELECT shard_directory.fence_moved('tenant', 'gone', 'shard_2', 6); \
+             SELECT shard_directory.raise_min_accepted(5)",
+        )
+        .unwrap();
+        client("4");
+        assert_eq!(
+            refusal("INSERT INTO orders (tenant_id, item) VALUES ('a', 'x')").code,
+            ERRCODE_T_R_SERIALIZATION_FAILURE
+        );
+        // EXPLAIN runs no check: it writes nothing.
+        Spi::run("EXPLAIN INSERT INTO orders (tenant_id, item) VALUES ('a', 'x')").unwrap();
+        client("5");
+        let inserts = [
+            "INSERT INTO orders (tenant_id, item) VALUES ('a', 'x')",
+            "INSERT INTO orders (tenant_id, item) VALUES ('b', 'x'), ('c', 'x') RETURNING id",
+            "INSERT INTO orders (tenant_id, item) SELECT 'd' || g, 'y' FROM generate_series(1, 50) g",
+            "PREPARE ins AS INSERT INTO orders (tenant_id, item) VALUES ($1, $2); \
+             EXECUTE ins('e', 'x'); EXECUTE ins('f', 'x')",
+        ];
+        let calls = trigger_calls();
+        for sql in inserts {
+            Spi::run(sql).unwrap();
+        }
+        assert_eq!(trigger_calls(), calls, "no trigger function was called");
+        assert_eq!(one::<i64>("SELECT count(*) FROM orders"), 55);
+        // a moved tenant's row anywhere in the statement refuses it whole, with the trigger's
+        // verdict, from VALUES, from a query, from a function's INSERT
+        for sql in [
+            "INSERT INTO orders (tenant_id, item) VALUES ('g', 'x'), ('gone', 'x')",
+            "INSERT INTO orders (tenant_id, item) SELECT t, 'z' FROM unnest(ARRAY['h', 'gone']) t",
+            "DO $$ BEGIN INSERT INTO orders (tenant_id, item) VALUES ('gone', 'w'); END $$",
+        ] {
+            let r = refusal(sql);
+            assert_eq!(r.code, ERRCODE_T_R_SERIALIZATION_FAILURE, "{sql}");
+            assert_eq!(json(r.detail)["moved_to"], "shard_2", "{sql}");
+        }
+        assert_eq!(trigger_calls(), calls);
+        assert_eq!(one::<i64>("SELECT count(*) FROM orders"), 55);
+        // a refusal caught in PL/pgSQL leaves the next INSERT checked as well
+        Spi::run(
+            "DO $$ BEGIN \
+               FOR i IN 1..3 LOOP \
+                 BEGIN INSERT INTO orders (tenant_id, item) VALUES ('gone', 'v' || i); \
+                 EXCEPTION WHEN serialization_failure THEN \
+                   INSERT INTO orders (tenant_id, item) VALUES ('k', 'v' || i); END; \
+               END LOOP; END $$",
+        )
+        .unwrap();
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM orders WHERE tenant_id = 'k'"),
+            3
+        );
+        assert_eq!(trigger_calls(), calls);
+
+        // ON CONFLICT, and a BEFORE ROW trigger that could change the key: the triggers fire
+        let r = refusal(
+            "INSERT INTO orders (tenant_id, item) VALUES ('gone', 'x') \
+             ON CONFLICT (tenant_id, item) DO NOTHING",
+        );
+        assert_eq!(r.code, ERRCODE_T_R_SERIALIZATION_FAILURE);
+        Spi::run(
+            "INSERT INTO orders (tenant_id, item) VALUES ('a', 'x') \
+             ON CONFLICT (tenant_id, item) DO UPDATE SET item = 'x2'",
+        )
+        .unwrap();
+        assert!(trigger_calls() > calls);
+
+        // a trigger that would not fire checks nothing either: disabled, or enabled on origin
+        // only in a session that replays changes
+        Spi::run("ALTER TABLE orders DISABLE TRIGGER shard_directory_protect_row").unwrap();
+        client("1");
+        assert_eq!(
+            refusal("INSERT INTO orders (tenant_id, item) VALUES ('m', 'x')").code,
+            ERRCODE_T_R_SERIALIZATION_FAILURE,
+            "the statement trigger still checks the version"
+        );
+        client("5");
+        Spi::run("INSERT INTO orders (tenant_id, item) VALUES ('gone', 'unchecked')").unwrap();
+        client("1");
+        Spi::run(
+            "ALTER TABLE orders ENABLE TRIGGER shard_directory_protect_row; \
+             SET LOCAL session_replication_role = replica; \
+             INSERT INTO orders (tenant_id, item) VALUES ('gone', 'replayed'); \
+             SET LOCAL session_replication_role = origin",
+        )
+        .unwrap();
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM orders WHERE tenant_id = 'gone'"),
+            2
+        );
+    }
+
+    /// The executor reads a row's key as the row trigger's type output does, for every key type
+    /// `protect` accepts, and for keys stored compressed or out of line.
+    #[pg_test]
+    fn the_executor_reads_every_key_type_as_the_row_trigger_does() {
+        Spi::run(
+            "SET LOCAL track_functions = 'all'; \
+             CREATE TYPE color AS ENUM ('red', 'blue'); \
+             CREATE DOMAIN code AS text CHECK (VALUE ~ '^[a-z0-9]+$')",
+        )
+        .unwrap();
+        let keys = [
+            ("text", "'T1'", "T1"),
+            ("varchar(10)", "'v1'", "v1"),
+            ("char(8)", "'c1'", "c1"),
+            ("smallint", "-7", "-7"),
+            ("integer", "70000", "70000"),
+            ("bigint", "9000000000", "9000000000"),
+            ("numeric(12,0)", "123", "123"),
+            (
+                "uuid",
+                "'A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11'",
+                "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+            ),
+            ("color", "'blue'", "blue"),
+            ("code", "'abc9'", "abc9"),
+            ("text COLLATE \"C\"", "'cc'", "cc"),
+        ];
+        for (i, (ty, _, id)) in keys.iter().enumerate() {
+            Spi::run(&format!(
+                "CREATE TABLE typed_{i} (k {ty}, n int); \
+                 SELECT shard_directory.protect('typed_{i}', 'k', 'e{i}')"
+            ))
+            .unwrap();
+            Spi::run_with_args(
+                "SELECT shard_directory.fence_moved($1, $2, 'shard_2', 6)",
+                &[format!("e{i}").into(), (*id).into()],
+            )
+            .unwrap();
+        }
+        client("6");
+        let calls = trigger_calls();
+        for (i, (ty, value, id)) in keys.iter().enumerate() {
+            let r = refusal(&format!("INSERT INTO typed_{i} VALUES ({value}, 1)"));
+            assert_eq!(r.code, ERRCODE_T_R_SERIALIZATION_FAILURE, "{ty}");
+            assert_eq!(json(r.detail)["entity_id"], *id, "{ty}");
+            Spi::run(&format!("INSERT INTO typed_{i} VALUES (NULL, 2)")).unwrap();
+        }
+        Spi::run("INSERT INTO typed_0 VALUES ('T2', 1); INSERT INTO typed_7 VALUES (gen_random_uuid(), 1)")
+            .unwrap();
+        assert_eq!(trigger_calls(), calls, "the executor checked them all");
+
+        // Keys of 10,000 characters read from a table: compressed in line, and out of line.
+        Spi::run(
+            "CREATE TABLE long_keys (k text, n int); \
+             CREATE TABLE long_keys_outside (k text, n int); \
+             ALTER TABLE long_keys_outside ALTER k SET STORAGE EXTERNAL; \
+             INSERT INTO long_keys VALUES (repeat('x', 10000), 3); \
+             INSERT INTO long_keys_outside VALUES (repeat('y', 10000), 3); \
+             SELECT shard_directory.fence_moved('e0', repeat('x', 10000), 'shard_2', 6); \
+             SELECT shard_directory.fence_moved('e0', repeat('y', 10000), 'shard_2', 6)",
+        )
+        .unwrap();
+        assert_eq!(
+            one::<String>("SELECT pg_column_compression(k) FROM long_keys"),
+            "pglz"
+        );
+        for (source, letter) in [("long_keys", "x"), ("long_keys_outside", "y")] {
+            let r = refusal(&format!("INSERT INTO typed_0 SELECT k, n FROM {source}"));
+            assert_eq!(r.code, ERRCODE_T_R_SERIALIZATION_FAILURE, "{source}");
+            assert_eq!(
+                json(r.detail)["entity_id"],
+                letter.repeat(10_000),
+                "{source}"
+            );
+        }
+        assert_eq!(trigger_calls(), calls);
+    }
+
     /// One heavyweight lock per entity exhausted the lock table.
     #[pg_test]
     fn one_transaction_writes_rows_of_100k_tenants() {

@@ -9,7 +9,8 @@
 //! the lock wait).
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, HashSet};
+// foldhash: every check looks its entity up here, and SipHash was most of that lookup's cost.
+use foldhash::{HashMap, HashSet};
 use std::ffi::CStr;
 use std::rc::Rc;
 
@@ -292,7 +293,7 @@ fn fences() -> Rc<Fences> {
                   ((extract(epoch FROM lease_until) - 946684800) * 1000000)::int8 \
                   FROM shard_directory.shard_fences",
             );
-            let mut fences = Fences::new();
+            let mut fences = Fences::default();
             for row in rows {
                 let fence = match row[2].as_deref() {
                     Some("frozen") => Fence::Frozen {

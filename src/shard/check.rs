@@ -41,7 +41,7 @@ fn check_shard(version: Option<i64>) {
 /// What a checked transaction does: a write is refused while its entity is frozen; a read is
 /// not, since the source holds every row of the entity until the cutover.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Access {
+pub(super) enum Access {
     Write,
     Read,
 }
@@ -82,10 +82,11 @@ fn request() -> Request {
     Request::read().unwrap_or_else(|e| refuse(e))
 }
 
-/// The client's declared version (and entity, if it declared one), checked. Counted once the
-/// check's lock is held, so that a backend holding it exclusively (a fence change, or a test
-/// reading the counts) sees no check of another backend counted meanwhile.
-fn check_request(access: Access) {
+/// The client's declared version (and entity, if it declared one), checked; the version, for
+/// the rows that follow. Counted once the check's lock is held, so that a backend holding it
+/// exclusively (a fence change, or a test reading the counts) sees no check of another backend
+/// counted meanwhile.
+pub(super) fn check_request(access: Access) -> Option<i64> {
     lock();
     stats::count(Counter::Checks);
     let request = request();
@@ -95,6 +96,65 @@ fn check_request(access: Access) {
         check_entity(key, request.version, access);
         load::count(key);
     }
+    request.version
+}
+
+/// A written row's entity against its fence, unless the mover's bypass lets it through. The
+/// caller has checked the request (and so holds the check's lock) in this statement.
+pub(super) fn check_row_entity(key: EntityRef<'_>, version: Option<i64>) {
+    if !bypass::passes(key) {
+        check_entity(key, version, Access::Write);
+        load::count(key);
+    }
+}
+
+/// The position of the key column a table was protected with, or the error saying the
+/// protection is broken because the column is gone.
+pub(super) fn key_attno(relation: pg_sys::Relation, key_column: &CStr) -> i32 {
+    let attno = unsafe { pg_sys::SPI_fnumber((*relation).rd_att, key_column.as_ptr()) };
+    if attno <= 0 {
+        SdError::ProtectionBroken {
+            trigger: format!(
+                "shard_directory_protect_row on {}",
+                catalog::relation_name(unsafe { (*relation).rd_id })
+            ),
+            problem: format!(
+                "key column \"{}\" no longer exists",
+                key_column.to_string_lossy()
+            ),
+        }
+        .raise();
+    }
+    attno
+}
+
+/// How the key column's text is read. A column altered since `protect` to a type that cannot key
+/// an entity is refused here.
+pub(super) fn key_form(relation: pg_sys::Relation, attno: i32) -> key::Form {
+    let attr = unsafe { &catalog::attributes((*relation).rd_att)[attno as usize - 1] };
+    key::builtin_form(attr.atttypid, attr.atttypmod, attr.attcollation).unwrap_or_else(|| {
+        key::require_form(&KeyColumn {
+            name: format!(
+                "{}.{}",
+                catalog::relation_name(unsafe { (*relation).rd_id }),
+                unsafe { CStr::from_ptr(attr.attname.data.as_ptr()) }.to_string_lossy()
+            ),
+            typoid: attr.atttypid,
+            typmod: attr.atttypmod,
+            collation: attr.attcollation,
+        })
+    })
+}
+
+/// The `(key_column, entity_type)` arguments of a trigger `protect` made with a key.
+///
+/// # Safety
+/// `trigger` is a valid trigger of an open relation.
+pub(super) unsafe fn key_arguments(trigger: &pg_sys::Trigger) -> Option<(&CStr, &CStr)> {
+    (trigger.tgnargs == 2 && !trigger.tgargs.is_null()).then(|| unsafe {
+        let args = std::slice::from_raw_parts(trigger.tgargs, 2);
+        (CStr::from_ptr(args[0]), CStr::from_ptr(args[1]))
+    })
 }
 
 /// Raises 40001 when the client's `app.directory_version` is unset or below `min_accepted`, or
@@ -189,49 +249,17 @@ pub fn shard_directory_protect_row<'a>(trigger: &'a PgTrigger<'a>) -> TriggerRes
     let request = request();
     check_shard(request.version);
     let data = trigger.trigger_data();
-    let trigger_row = unsafe { &*data.tg_trigger };
-    if trigger_row.tgnargs != 2 || trigger_row.tgargs.is_null() {
+    let Some((key_column, entity_type)) = (unsafe { key_arguments(&*data.tg_trigger) }) else {
         return Ok(None);
-    }
-    let (key_column, entity_type) = unsafe {
-        let args = std::slice::from_raw_parts(trigger_row.tgargs, 2);
-        (CStr::from_ptr(args[0]), CStr::from_ptr(args[1]))
     };
+    let attno = key_attno(data.tg_relation, key_column);
     let tupdesc = unsafe { (*data.tg_relation).rd_att };
-    let attno = unsafe { pg_sys::SPI_fnumber(tupdesc, key_column.as_ptr()) };
-    if attno <= 0 {
-        SdError::ProtectionBroken {
-            trigger: format!(
-                "shard_directory_protect_row on {}",
-                catalog::relation_name(unsafe { (*data.tg_relation).rd_id })
-            ),
-            problem: format!(
-                "key column \"{}\" no longer exists",
-                key_column.to_string_lossy()
-            ),
-        }
-        .raise();
-    }
     let entity_type = entity_type.to_string_lossy();
     let entity_type: &str = &entity_type;
     // The key's text is its type's output (so any supported key type works), read in the form
     // its equality compares (char(n) without its padding), borrowed: it lives in the trigger's
-    // memory context, and the check allocates nothing unless it refuses. A column altered since
-    // `protect` to a type that cannot key an entity is refused here.
-    let attr = unsafe { &crate::catalog::attributes(tupdesc)[attno as usize - 1] };
-    let form =
-        key::builtin_form(attr.atttypid, attr.atttypmod, attr.attcollation).unwrap_or_else(|| {
-            key::require_form(&KeyColumn {
-                name: format!(
-                    "{}.{}",
-                    catalog::relation_name(unsafe { (*data.tg_relation).rd_id }),
-                    key_column.to_string_lossy()
-                ),
-                typoid: attr.atttypid,
-                typmod: attr.atttypmod,
-                collation: attr.attcollation,
-            })
-        });
+    // memory context, and the check allocates nothing unless it refuses.
+    let form = key_form(data.tg_relation, attno);
     let id_of = |tuple: *mut pg_sys::HeapTupleData| -> Option<Cow<'_, str>> {
         if tuple.is_null() {
             return None;
@@ -250,14 +278,13 @@ pub fn shard_directory_protect_row<'a>(trigger: &'a PgTrigger<'a>) -> TriggerRes
         None
     };
     for entity_id in [&old, &new].into_iter().flatten() {
-        let key = EntityRef {
-            entity_type,
-            entity_id,
-        };
-        if !bypass::passes(key) {
-            check_entity(key, request.version, Access::Write);
-            load::count(key);
-        }
+        check_row_entity(
+            EntityRef {
+                entity_type,
+                entity_id,
+            },
+            request.version,
+        );
     }
     Ok(None)
 }

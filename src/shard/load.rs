@@ -368,6 +368,17 @@ fn window() -> i64 {
     i64::from(guc::ENTITY_STATS_WINDOW.get()) * MICROS
 }
 
+extern "C-unwind" {
+    /// PostgreSQL's: it reads a variable and cannot raise, so it is called without pgrx's guard.
+    fn GetCurrentTransactionStartTimestamp() -> pg_sys::TimestampTz;
+}
+
+/// When the counted transaction started: what it is counted at, read without a clock call (a
+/// procedure's transactions each have their own).
+fn transaction_start() -> i64 {
+    unsafe { GetCurrentTransactionStartTimestamp() }
+}
+
 /// Now, as a `TimestampTz`, from the clock (the vDSO's: no call into PostgreSQL).
 fn now() -> i64 {
     let unix = std::time::SystemTime::now()
@@ -385,7 +396,7 @@ pub fn count(key: EntityRef<'_>) {
     if !COUNTED.with_borrow_mut(|counted| counted.first_time(xact, key)) {
         return;
     }
-    let (hash, now, window) = (hash(key), now(), window());
+    let (hash, now, window) = (hash(key), transaction_start(), window());
     let needs_lock = |bump| match bump {
         Bump::Counted => false,
         Bump::Full => admitted(),
