@@ -41,6 +41,17 @@ fn run(command: &mut std::process::Command) {
     );
 }
 
+/// A new database `db`, restored by one `pg_restore --exit-on-error` per argument list, in order.
+fn restore(cluster: &Cluster, db: &str, runs: &[&[&str]]) {
+    run(cluster.client_command("createdb").arg(db));
+    for args in runs {
+        run(cluster
+            .client_command("pg_restore")
+            .args(["--exit-on-error", "-d", db])
+            .args(*args));
+    }
+}
+
 /// `pg_dump source | psql target` (stopping at the first error), as a DBA would.
 fn dump_and_restore(cluster: &Cluster, source: &str, target: &str) {
     run(cluster.client_command("createdb").arg(target));
@@ -225,13 +236,7 @@ async fn parallel_and_sectioned_restores_keep_the_whole_directory() {
         ),
     ];
     for (db, runs) in ways {
-        run(cluster.client_command("createdb").arg(db));
-        for args in runs {
-            run(cluster
-                .client_command("pg_restore")
-                .args(["--exit-on-error", "-d", db])
-                .args(*args));
-        }
+        restore(&cluster, db, runs);
         let r = cluster.connect(db).await;
         for (table, expected) in DIRECTORY_TABLES.iter().zip(&expected) {
             assert_eq!(&rows(&r, table).await, expected, "{db}: {table}");
@@ -306,13 +311,7 @@ async fn protected_tables_restore_with_every_row_and_stay_protected() {
         ("shard_schema_then_data", &[&["--schema-only", custom]]),
     ];
     for (db, runs) in ways {
-        run(cluster.client_command("createdb").arg(db));
-        for args in runs {
-            run(cluster
-                .client_command("pg_restore")
-                .args(["--exit-on-error", "-d", db])
-                .args(*args));
-        }
+        restore(&cluster, db, runs);
     }
     let schema_only = cluster.connect("shard_schema_then_data").await;
     let unprotect =

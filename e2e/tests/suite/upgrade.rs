@@ -67,11 +67,18 @@ async fn updating_from_0_1_0_gives_the_same_objects_as_a_fresh_install() {
         .expect("0.1.0 installs (scripts/install-extension.sh installs its script)");
     let before = describe(&upgraded).await;
     assert!(before.contains(&"version 0.1.0".to_owned()));
-    // An application table protected under 0.1.0 (its row trigger ran BEFORE each row).
+    // An application table protected under 0.1.0 (its row trigger ran BEFORE each row), and a
+    // partitioned one protected without a key, as 0.1.0's `protect` left it: a statement trigger
+    // on the table alone (made by hand: the 0.1.0 SQL calls this build's library).
     upgraded
         .batch_execute(
             "CREATE TABLE orders (tenant_id int, item text);
-             SELECT shard_directory.protect('orders', 'tenant_id', 'tenant');",
+             SELECT shard_directory.protect('orders', 'tenant_id', 'tenant');
+             CREATE TABLE readings (device_id int, v int) PARTITION BY RANGE (device_id);
+             CREATE TABLE readings_1 PARTITION OF readings FOR VALUES FROM (0) TO (100);
+             CREATE TRIGGER shard_directory_protect
+               BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON readings FOR EACH STATEMENT
+               EXECUTE FUNCTION shard_directory.shard_directory_protect_statement();",
         )
         .await
         .unwrap();
@@ -92,6 +99,26 @@ async fn updating_from_0_1_0_gives_the_same_objects_as_a_fresh_install() {
         row_trigger.contains(" AFTER INSERT OR DELETE OR UPDATE ON public.orders FOR EACH ROW")
             && row_trigger.ends_with("shard_directory_protect_row('tenant_id', 'tenant')"),
         "{row_trigger}"
+    );
+    let partition_triggers: Vec<String> = upgraded
+        .query(
+            "SELECT format('%s %s', tgname, CASE WHEN tgparentid = 0 THEN 'own' ELSE 'cloned' END) FROM pg_trigger \
+             WHERE tgrelid = 'readings_1'::regclass ORDER BY tgname",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        partition_triggers,
+        [
+            "shard_directory_protect own",
+            "shard_directory_protect_row own"
+        ],
+        "a partition of a table 0.1.0 protected without a key gets both triggers of its own \
+         (the upgrade's event trigger gives them when the script alters its tables)"
     );
     let (fresh, upgraded) = (
         describe(&cluster.connect("fresh").await).await,
