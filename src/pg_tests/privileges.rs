@@ -145,6 +145,45 @@ mod tests {
         assert_eq!(json(r.detail)["reason"], "frozen");
         client("4");
         assert_eq!(refusal(CHECK).code, ERRCODE_T_R_SERIALIZATION_FAILURE);
+        // a role holding INSERT alone, on a table it does not own: the executor's check
+        // (`insert_check`) and the triggers' give it the same verdicts
+        Spi::run(
+            "RESET ROLE; CREATE ROLE sd_inserter; GRANT USAGE ON SCHEMA public TO sd_inserter; \
+             GRANT INSERT ON public.items TO sd_inserter; SET LOCAL ROLE sd_inserter",
+        )
+        .unwrap();
+        client("5");
+        Spi::run(
+            "INSERT INTO public.items VALUES (1, 'c'); \
+             INSERT INTO public.items SELECT 1, 'd' FROM generate_series(1, 3); \
+             INSERT INTO public.items VALUES (1, 'e') ON CONFLICT DO NOTHING",
+        )
+        .unwrap();
+        for sql in [
+            "INSERT INTO public.items VALUES (2, 'f')",
+            "INSERT INTO public.items SELECT g, 'g' FROM generate_series(1, 2) g",
+            "INSERT INTO public.items VALUES (2, 'h') ON CONFLICT DO NOTHING",
+        ] {
+            let r = refusal(sql);
+            assert_eq!(
+                r.code, ERRCODE_T_R_SERIALIZATION_FAILURE,
+                "{sql}: {}",
+                r.message
+            );
+            assert_eq!(json(r.detail)["reason"], "frozen", "{sql}");
+        }
+        client("4");
+        assert_eq!(
+            refusal("INSERT INTO public.items VALUES (1, 'i')").code,
+            ERRCODE_T_R_SERIALIZATION_FAILURE
+        );
+        Spi::run("RESET ROLE").unwrap();
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM public.items WHERE tenant_id = 2"),
+            0
+        );
+        assert_eq!(one::<i64>("SELECT count(*) FROM public.items"), 6);
+        Spi::run("SET LOCAL ROLE sd_app").unwrap();
         // protecting needs TRIGGER on the table; reading the extension's tables needs nothing
         Spi::run(
             "RESET ROLE; CREATE TABLE public.not_yours (tenant_id int); SET LOCAL ROLE sd_app",
