@@ -527,18 +527,51 @@ mod tests {
         );
         assert_eq!(trigger_calls(), calls);
 
-        // ON CONFLICT, and a BEFORE ROW trigger that could change the key: the triggers fire
-        let r = refusal(
-            "INSERT INTO orders (tenant_id, item) VALUES ('gone', 'x') \
+        // ON CONFLICT: the executor checks every proposed row, one that conflicts too, so a
+        // stale route does not learn "nothing inserted" from a shard its tenant left
+        Spi::run("SELECT shard_directory.fence_frozen('tenant', 'a')").unwrap();
+        for (sql, reason) in [
+            ("VALUES ('gone', 'x')", "moved"),
+            ("VALUES ('a', 'x')", "frozen"),
+            ("VALUES ('g', 'x'), ('a', 'new')", "frozen"),
+        ] {
+            let r = refusal(&format!(
+                "INSERT INTO orders (tenant_id, item) {sql} ON CONFLICT (tenant_id, item) DO NOTHING"
+            ));
+            assert_eq!(r.code, ERRCODE_T_R_SERIALIZATION_FAILURE, "{sql}");
+            assert_eq!(json(r.detail)["reason"], reason, "{sql}");
+        }
+        Spi::run("SELECT shard_directory.unfence('tenant', 'a')").unwrap();
+        Spi::run(
+            "INSERT INTO orders (tenant_id, item) VALUES ('a', 'x'), ('g', 'x') \
              ON CONFLICT (tenant_id, item) DO NOTHING",
+        )
+        .unwrap();
+        assert_eq!(
+            trigger_calls(),
+            calls,
+            "ON CONFLICT DO NOTHING calls no trigger"
         );
-        assert_eq!(r.code, ERRCODE_T_R_SERIALIZATION_FAILURE);
+        assert_eq!(one::<i64>("SELECT count(*) FROM orders"), 59);
+        // the UPDATE of DO UPDATE, and an INSERT inside WITH, are checked by the triggers
         Spi::run(
             "INSERT INTO orders (tenant_id, item) VALUES ('a', 'x') \
              ON CONFLICT (tenant_id, item) DO UPDATE SET item = 'x2'",
         )
         .unwrap();
-        assert!(trigger_calls() > calls);
+        assert!(trigger_calls() > calls, "the UPDATE's row trigger fired");
+        let calls = trigger_calls();
+        let r = refusal(
+            "WITH w AS (INSERT INTO orders (tenant_id, item) VALUES ('gone', 'w') RETURNING 1) \
+             SELECT count(*) FROM w",
+        );
+        assert_eq!(r.code, ERRCODE_T_R_SERIALIZATION_FAILURE);
+        assert_eq!(json(r.detail)["moved_to"], "shard_2");
+        assert!(
+            trigger_calls() > calls,
+            "the triggers checked the INSERT inside WITH"
+        );
+        assert_eq!(one::<i64>("SELECT count(*) FROM orders"), 59);
 
         // a trigger that would not fire checks nothing either: disabled, or enabled on origin
         // only in a session that replays changes

@@ -7,10 +7,11 @@
 //! so `pg_dump`, COPY, UPDATE, DELETE, TRUNCATE and every other statement, keep them), checks the
 //! request once, and reads each row's key as the plan hands it to the INSERT.
 //!
-//! It takes over only where it sees exactly the row the trigger would: a plain table (a
-//! partitioned one routes rows to partitions whose own triggers fire), no `ON CONFLICT` (whose
-//! UPDATE fires the row trigger anyway), no BEFORE ROW INSERT trigger that could change the key,
-//! and a key column that is not generated. Everywhere else the triggers fire as before. Where a
+//! It takes over only where it sees the row the trigger would: a plain table (a partitioned one
+//! routes rows to partitions whose own triggers fire), no BEFORE ROW INSERT trigger that could
+//! change the key, and a key column that is not generated. With `ON CONFLICT` it checks every
+//! proposed row, the ones that conflict too (a stale route must not learn "nothing inserted" from
+//! a shard its tenant left); the UPDATE of `DO UPDATE` keeps its row trigger. Everywhere else the triggers fire as before. Where a
 //! trigger would not fire (disabled, or `session_replication_role = replica` for a trigger
 //! enabled on origin), the hook checks nothing either.
 
@@ -238,11 +239,9 @@ unsafe fn take_over(planstate: *mut pg_sys::PlanState) {
             return;
         }
         let modify = planstate as *mut pg_sys::ModifyTableState;
-        let plan = (*planstate).plan as *mut pg_sys::ModifyTable;
         let info = (*modify).resultRelInfo;
         if (*modify).operation != pg_sys::CmdType::CMD_INSERT
             || (*modify).mt_nrels != 1
-            || (*plan).onConflictAction != pg_sys::OnConflictAction::ONCONFLICT_NONE
             || info != (*modify).rootResultRelInfo
             || (*info).ri_TrigDesc.is_null()
         {

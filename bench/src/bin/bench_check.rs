@@ -156,9 +156,9 @@ fn instructions_per_txn(cluster: &Cluster, settings: &str, call: &str, n: i32) -
 /// a procedure of `TXNS` transactions (the three settings, the check, COMMIT); the same entity
 /// throughout, then a new one each transaction among 5,000 (five times what the table holds, so
 /// most are newcomers). Then a stamped one-row INSERT transaction, plain against protected, in
-/// instructions: a plain INSERT, which the executor checks (`insert_check`), and one with
-/// `ON CONFLICT DO NOTHING`, which the triggers check, each against the same statement into the
-/// unguarded table.
+/// instructions: a plain INSERT and one with `ON CONFLICT DO NOTHING`, which the executor checks
+/// (`insert_check`), and one inside `WITH`, which the triggers check, each against the same
+/// statement into the unguarded table.
 async fn per_transaction_instructions() {
     const TXNS: i32 = 20_000;
     let cluster = Cluster::start(
@@ -182,15 +182,23 @@ async fn per_transaction_instructions() {
                END LOOP;
              END $$;
              {ORDERS}
-             CREATE PROCEDURE bench_upserts(n int, protected bool) LANGUAGE plpgsql AS $$
+             CREATE PROCEDURE bench_forms(n int, tbl text, form text) LANGUAGE plpgsql AS $$
+             DECLARE
+               written int;
              BEGIN
                FOR i IN 1..n LOOP
                  PERFORM set_config('app.directory_version', '42', true),
                          set_config('app.entity_type', 'tenant', true), set_config('app.entity_id', '7', true);
-                 IF protected THEN
+                 IF form = 'upsert' AND tbl = 'protected' THEN
                    INSERT INTO orders_protected (tenant_id, item) VALUES ('7', 'item') ON CONFLICT DO NOTHING;
-                 ELSE
+                 ELSIF form = 'upsert' THEN
                    INSERT INTO orders_plain (tenant_id, item) VALUES ('7', 'item') ON CONFLICT DO NOTHING;
+                 ELSIF tbl = 'protected' THEN
+                   WITH w AS (INSERT INTO orders_protected (tenant_id, item) VALUES ('7', 'item') RETURNING 1)
+                   SELECT count(*) INTO written FROM w;
+                 ELSE
+                   WITH w AS (INSERT INTO orders_plain (tenant_id, item) VALUES ('7', 'item') RETURNING 1)
+                   SELECT count(*) INTO written FROM w;
                  END IF;
                  COMMIT;
                END LOOP;
@@ -222,28 +230,25 @@ async fn per_transaction_instructions() {
         );
     }
     println!("per stamped one-row INSERT transaction, instructions (callgrind, {TXNS} in a single-user backend):");
-    for (name, procedure, plain, protected) in [
+    for (name, plain, protected) in [
         (
             "INSERT (checked by the executor)",
-            "bench_inserts",
-            "0",
-            "2",
+            "bench_inserts($n, 0)",
+            "bench_inserts($n, 2)",
         ),
         (
-            "INSERT ... ON CONFLICT DO NOTHING (by the triggers)",
-            "bench_upserts",
-            "false",
-            "true",
+            "INSERT ... ON CONFLICT DO NOTHING (checked by the executor)",
+            "bench_forms($n, 'plain', 'upsert')",
+            "bench_forms($n, 'protected', 'upsert')",
+        ),
+        (
+            "INSERT inside WITH (checked by the triggers)",
+            "bench_forms($n, 'plain', 'with')",
+            "bench_forms($n, 'protected', 'with')",
         ),
     ] {
-        let per_txn = |variant: &str| {
-            instructions_per_txn(
-                &cluster,
-                "",
-                &format!("CALL {procedure}($n, {variant})"),
-                TXNS,
-            )
-        };
+        let per_txn =
+            |call: &str| instructions_per_txn(&cluster, "", &format!("CALL {call}"), TXNS);
         let (plain, protected) = (per_txn(plain), per_txn(protected));
         println!(
             "  {name}: plain {plain:.0}, protected {protected:.0}: {:+.2}%",
