@@ -598,6 +598,58 @@ mod tests {
         );
     }
 
+    /// What the executor learned of a table (where its key is, of which type) follows the
+    /// table's changes, and finds the key however the INSERT names or fills the columns.
+    #[pg_test]
+    fn the_executor_finds_the_key_through_the_tables_changes() {
+        Spi::run(
+            "SET LOCAL track_functions = 'all'; \
+             CREATE TABLE shifting (note text, tenant_id int DEFAULT 7, body text); \
+             SELECT shard_directory.protect('shifting', 'tenant_id', 'tenant'); \
+             SELECT shard_directory.fence_moved('tenant', '7', 'shard_2', 6)",
+        )
+        .unwrap();
+        client("6");
+        let calls = trigger_calls();
+        let moved = |sql: &str, id: &str| {
+            let r = refusal(sql);
+            assert_eq!(r.code, ERRCODE_T_R_SERIALIZATION_FAILURE, "{sql}");
+            assert_eq!(json(r.detail)["entity_id"], id, "{sql}");
+        };
+        Spi::run("INSERT INTO shifting VALUES ('a', 1, 'x')").unwrap();
+        moved("INSERT INTO shifting VALUES ('a', 7, 'x')", "7");
+        moved("INSERT INTO shifting (body, note) VALUES ('x', 'a')", "7");
+        moved(
+            "INSERT INTO shifting (body, tenant_id) VALUES ('x', 7)",
+            "7",
+        );
+        // a dropped column before the key, then the key's type changed and a column added
+        Spi::run("ALTER TABLE shifting DROP COLUMN note").unwrap();
+        Spi::run("INSERT INTO shifting VALUES (2, 'x')").unwrap();
+        moved("INSERT INTO shifting VALUES (7, 'x')", "7");
+        Spi::run(
+            "ALTER TABLE shifting ALTER tenant_id DROP DEFAULT, ALTER tenant_id TYPE text, \
+             ADD COLUMN extra int; \
+             SELECT shard_directory.fence_moved('tenant', 'seven', 'shard_2', 6)",
+        )
+        .unwrap();
+        moved("INSERT INTO shifting VALUES ('seven', 'x', 1)", "seven");
+        Spi::run("INSERT INTO shifting VALUES ('eight', 'x', 1)").unwrap();
+        // through a view that PostgreSQL turns into an INSERT on the table
+        Spi::run("CREATE VIEW shifting_view AS SELECT body, tenant_id FROM shifting").unwrap();
+        moved("INSERT INTO shifting_view VALUES ('x', 'seven')", "seven");
+        Spi::run("INSERT INTO shifting_view VALUES ('x', 'nine')").unwrap();
+        assert_eq!(trigger_calls(), calls, "the executor checked them all");
+        assert_eq!(
+            Spi::get_one::<String>(
+                "SELECT string_agg(tenant_id, ',' ORDER BY tenant_id) FROM shifting"
+            )
+            .unwrap()
+            .unwrap(),
+            "1,2,eight,nine"
+        );
+    }
+
     /// The executor reads a row's key as the row trigger's type output does, for every key type
     /// `protect` accepts, and for keys stored compressed or out of line.
     #[pg_test]
