@@ -11,12 +11,14 @@
 //!   `observe`: observers that act on a move at a phase;
 //! - `proxy`, `pgbouncer`, `redis`: what stands between a client and a cluster, or beside it;
 //!   `prometheus`: a sample of the exporter's text;
-//! - `wait`: waiting on a condition with a deadline, and on a backend's lock.
+//! - `wait`: waiting on a condition with a deadline, and on a backend's lock; `column`: a
+//!   query's first column.
 //!
 //! The tests are in `tests/suite/` (one binary), except `client_metrics`, `client_tracing` and
 //! `mover_metrics`, which install process-wide recorders and run in processes of their own.
 
 mod cluster;
+mod column;
 pub mod mover_cli;
 pub mod observe;
 pub mod pgbouncer;
@@ -29,5 +31,6 @@ pub mod wide;
 pub mod workload;
 
 pub use cluster::{lag_for_a_second, Cluster, CpuTimes, Frozen, Install, Listener};
+pub use column::column;
 pub use topology::{reaches, Topology};
 pub use wait::{backend_pid, blocked_on, eventually, within, ANY_LOCK};

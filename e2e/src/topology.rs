@@ -493,17 +493,12 @@ impl Topology {
 
     /// Rows of `tenant` in `orders` on `shard`.
     pub async fn orders(&self, shard: &str, tenant: &str) -> Vec<String> {
-        self.shard(shard)
-            .await
-            .query(
-                "SELECT item FROM orders WHERE tenant_id = $1 ORDER BY item",
-                &[&tenant],
-            )
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| r.get(0))
-            .collect()
+        crate::column(
+            &self.shard(shard).await,
+            "SELECT item FROM orders WHERE tenant_id = $1 ORDER BY item",
+            &[&tenant],
+        )
+        .await
     }
 }
 

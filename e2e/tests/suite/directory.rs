@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use shard_directory_e2e::{backend_pid as pid, blocked_on, eventually, Cluster, Listener};
+use shard_directory_e2e::{backend_pid as pid, blocked_on, column, eventually, Cluster, Listener};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
@@ -274,10 +274,7 @@ async fn a_statement_waiting_for_an_entry_does_not_deadlock_with_its_holder_and_
         .unwrap();
     let ids = |sql: &'static str| {
         let step = &step;
-        async move {
-            let rows = step.query(sql, &[&got]).await.unwrap();
-            rows.iter().map(|r| r.get(0)).collect::<Vec<String>>()
-        }
+        async move { column::<String>(step, sql, &[&got]).await }
     };
     assert_eq!(
         ids("SELECT entity_id FROM shard_directory.shard_directory WHERE version = $1 ORDER BY 1")

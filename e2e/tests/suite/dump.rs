@@ -5,20 +5,17 @@
 
 use std::process::Stdio;
 
-use shard_directory_e2e::Cluster;
+use shard_directory_e2e::{column, Cluster};
 use tokio_postgres::Client;
 
 /// Every row of `table` as text, in a stable order.
 async fn rows(c: &Client, table: &str) -> Vec<String> {
-    c.query(
+    column(
+        c,
         &format!("SELECT t::text FROM shard_directory.{table} t ORDER BY t::text"),
         &[],
     )
     .await
-    .unwrap()
-    .iter()
-    .map(|r| r.get(0))
-    .collect()
 }
 
 /// The directory's tables.

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use shard_directory_client::{DirectoryConfig, EntityKey, RetryPolicy};
 use shard_directory_e2e::observe::{self, act_at};
 use shard_directory_e2e::topology::CHECKED_AND_LEFT_OPEN;
-use shard_directory_e2e::{eventually, Topology};
+use shard_directory_e2e::{column, eventually, Topology};
 use shard_directory_mover::{Error, Left, MethodChoice, MoveOptions, Phase, Step};
 use tokio::sync::Notify;
 use tokio_postgres::error::SqlState;
@@ -608,16 +608,12 @@ async fn cleanup_drops_tablesync_slots_whose_subscription_is_gone_and_no_other()
             "slot {orphan} on shard_1 (its subscription on shard_2 is gone)"
         )]
     );
-    let slots: Vec<String> = source
-        .query(
-            "SELECT slot_name::text FROM pg_replication_slots ORDER BY 1",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let slots: Vec<String> = column(
+        &source,
+        "SELECT slot_name::text FROM pg_replication_slots ORDER BY 1",
+        &[],
+    )
+    .await;
     assert!(
         slots.contains(&kept) && slots.contains(&format!("sd_move_{id}")),
         "{slots:?}"

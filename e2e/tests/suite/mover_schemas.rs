@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use shard_directory_client::EntityKey;
 use shard_directory_e2e::observe::{self, act_at};
-use shard_directory_e2e::Topology;
+use shard_directory_e2e::{column, Topology};
 use shard_directory_mover::{Error, Failure, Left, Method, MethodChoice, MoveOptions, Phase, Step};
 use tokio_postgres::error::SqlState;
 
@@ -558,15 +558,12 @@ async fn typed_rows(t: &Topology, shard: &str) -> Vec<String> {
     )
     .await
     .unwrap();
-    c.query(
+    column(
+        &c,
         "SELECT ROW(t.*)::text FROM typed t WHERE tenant_id = 'a' ORDER BY id",
         &[],
     )
     .await
-    .unwrap()
-    .iter()
-    .map(|r| r.get(0))
-    .collect()
 }
 
 #[tokio::test]

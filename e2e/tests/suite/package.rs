@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use shard_directory_e2e::topology::SHARD_SETTINGS;
-use shard_directory_e2e::{eventually, Cluster, Install, Listener};
+use shard_directory_e2e::{column, eventually, Cluster, Install, Listener};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Error};
 
@@ -89,17 +89,13 @@ async fn the_package_offers_each_release_and_updates_from_each_to_the_current_ve
     let current = current_version();
     let earlier = earlier_releases();
     assert!(earlier.contains(&"0.1.0".to_owned()), "{earlier:?}");
-    let offered: Vec<String> = admin
-        .query(
-            "SELECT version FROM pg_available_extension_versions WHERE name = 'shard_directory' \
-             ORDER BY string_to_array(version, '.')::int[]",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let offered: Vec<String> = column(
+        &admin,
+        "SELECT version FROM pg_available_extension_versions WHERE name = 'shard_directory' \
+         ORDER BY string_to_array(version, '.')::int[]",
+        &[],
+    )
+    .await;
     let mut expected = earlier.clone();
     expected.push(current.clone());
     assert_eq!(offered, expected);
@@ -290,13 +286,7 @@ async fn a_shard_refuses_a_stale_write_with_40001_and_takes_a_current_one() {
     checked_write(&writer, 42, "8842")
         .await
         .expect("a write checked with the current version commits");
-    let items: Vec<String> = dba
-        .query("SELECT item FROM orders", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let items: Vec<String> = column(&dba, "SELECT item FROM orders", &[]).await;
     assert_eq!(items, ["v42"]);
 
     // Counted in the preloaded library's shared memory, across backends.

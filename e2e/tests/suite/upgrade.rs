@@ -2,7 +2,7 @@
 //! same objects as a fresh install of the current version: the same members, columns, defaults,
 //! constraints, indexes, triggers, functions, privileges and storage options.
 
-use shard_directory_e2e::Cluster;
+use shard_directory_e2e::{column, Cluster};
 use tokio_postgres::Client;
 
 /// One line per property of every object the extension owns, sorted.
@@ -43,12 +43,7 @@ SELECT line FROM (
 "#;
 
 async fn describe(c: &Client) -> Vec<String> {
-    c.query(DESCRIBE, &[])
-        .await
-        .expect("describe the extension")
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
+    column(c, DESCRIBE, &[]).await
 }
 
 #[tokio::test]
@@ -100,17 +95,13 @@ async fn updating_from_0_1_0_gives_the_same_objects_as_a_fresh_install() {
             && row_trigger.ends_with("shard_directory_protect_row('tenant_id', 'tenant')"),
         "{row_trigger}"
     );
-    let partition_triggers: Vec<String> = upgraded
-        .query(
-            "SELECT format('%s %s', tgname, CASE WHEN tgparentid = 0 THEN 'own' ELSE 'cloned' END) FROM pg_trigger \
-             WHERE tgrelid = 'readings_1'::regclass ORDER BY tgname",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let partition_triggers: Vec<String> = column(
+        &upgraded,
+        "SELECT format('%s %s', tgname, CASE WHEN tgparentid = 0 THEN 'own' ELSE 'cloned' END) \
+         FROM pg_trigger WHERE tgrelid = 'readings_1'::regclass ORDER BY tgname",
+        &[],
+    )
+    .await;
     assert_eq!(
         partition_triggers,
         [
