@@ -1,6 +1,6 @@
 //! Invalidation latency: from a directory change (the INSERT sent, committed) to every one of N
 //! client instances knowing the new version, N in 1, 16, 64, 256, the instances spread over
-//! four OS processes (this binary re-run as `worker`), each instance with its own `Directory`
+//! four OS processes (`BENCH_PROCESSES`; this binary re-run as `worker`), each instance with its own `Directory`
 //! (watcher connection, LISTEN, `changes_since`). One change at a time; p50, p99 and max over
 //! `BENCH_CHANGES` changes (200) of the time the last instance took, and of every instance's
 //! time. Writes every sample to `bench/results/fanout.csv` and a chart of the distribution to
@@ -33,13 +33,16 @@ use shard_directory_client::{Directory, DirectoryConfig, RelayConfig, WATCHER_AP
 use shard_directory_e2e::{Cluster, CpuTimes};
 use shard_directory_mover::RELAY_APPLICATION_NAME;
 
-const PROCESSES: usize = 4;
-
 fn unix_ns() -> u128 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_nanos()
+}
+
+/// How many worker processes the instances are spread over.
+fn processes() -> usize {
+    setting("BENCH_PROCESSES", 4)
 }
 
 /// What each instance of a worker is.
@@ -183,7 +186,7 @@ struct Run {
 async fn run(cluster: &Cluster, kind: Kind, n: usize, changes: usize, redis: &str) -> Run {
     let (tx, rx) = mpsc::channel::<(usize, i64, u128)>();
     let mut workers = Workers(Vec::new());
-    let processes = PROCESSES.min(n);
+    let processes = processes().min(n);
     let (ready_tx, ready_rx) = mpsc::channel();
     for p in 0..processes {
         let count = n / processes + usize::from(p < n % processes);
@@ -307,7 +310,8 @@ async fn main() {
     let mut relay_rows = Vec::new();
     println!(
         "invalidation latency, ms from the change sent to the instances knowing its version \
-         ({changes} changes, instances over {PROCESSES} processes)"
+         ({changes} changes, instances over {} processes)",
+        processes()
     );
     println!(
         "| instances | LISTEN only, all heard: p50 | p99 | this client, all know: p50 | p99 | max | \
