@@ -458,10 +458,18 @@ mod tests {
 
     /// Calls of the protect trigger functions in this transaction so far.
     fn trigger_calls() -> i64 {
-        one(
+        calls_of("shard_directory_protect_%")
+    }
+
+    /// Calls of the extension's functions named like `pattern` in this transaction so far.
+    fn calls_of(pattern: &str) -> i64 {
+        Spi::get_one_with_args::<i64>(
             "SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_xact_user_functions \
-             WHERE schemaname = 'shard_directory' AND funcname LIKE 'shard_directory_protect_%'",
+             WHERE schemaname = 'shard_directory' AND funcname LIKE $1",
+            &[pattern.into()],
         )
+        .expect("SPI")
+        .expect("a sum")
     }
 
     /// A plain INSERT is checked by the executor hook, not the triggers (`insert_check`), with
@@ -567,11 +575,24 @@ mod tests {
         );
         assert_eq!(r.code, ERRCODE_T_R_SERIALIZATION_FAILURE);
         assert_eq!(json(r.detail)["moved_to"], "shard_2");
-        Spi::run(
-            "INSERT INTO orders (tenant_id, item) VALUES ('a', 'x') \
-             ON CONFLICT (tenant_id, item) DO UPDATE SET item = 'x2'",
-        )
-        .unwrap();
+        // and the request, checked by the executor, is not checked again for the UPDATE
+        let upsert = "INSERT INTO orders (tenant_id, item) VALUES ('a', 'x') \
+                      ON CONFLICT (tenant_id, item) DO UPDATE SET item = 'x2'";
+        client("1");
+        assert_eq!(refusal(upsert).code, ERRCODE_T_R_SERIALIZATION_FAILURE);
+        client("5");
+        let (statement, row) = (
+            "shard_directory_protect_statement",
+            "shard_directory_protect_row",
+        );
+        let (statements, rows) = (calls_of(statement), calls_of(row));
+        Spi::run(upsert).unwrap();
+        assert_eq!(calls_of(statement), statements);
+        assert_eq!(
+            calls_of(row),
+            rows + 1,
+            "the row trigger checked the UPDATE"
+        );
         assert_eq!(one::<i64>("SELECT count(*) FROM orders"), 60);
 
         // a trigger that would not fire checks nothing either: disabled, or enabled on origin

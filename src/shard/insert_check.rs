@@ -12,10 +12,11 @@
 //! routes rows to partitions whose own triggers fire), no BEFORE ROW INSERT trigger that could
 //! change the key, and a key column that is not generated. With `ON CONFLICT` it checks every
 //! proposed row, the ones that conflict too (a stale route must not learn "nothing inserted" from
-//! a shard its tenant left); the UPDATE of `DO UPDATE` keeps its row trigger. Everywhere else the
-//! triggers fire as before, and the row trigger sees only the rows written. Where a trigger would
-//! not fire (disabled, or `session_replication_role = replica` for a trigger enabled on origin),
-//! the hook checks nothing either.
+//! a shard its tenant left); the UPDATE of `DO UPDATE` keeps its row trigger, and loses the
+//! statement trigger, whose request the hook has checked. Everywhere else the triggers fire as
+//! before, and the row trigger sees only the rows written. Where a trigger would not fire
+//! (disabled, or `session_replication_role = replica` for a trigger enabled on origin), the hook
+//! checks nothing either.
 
 use std::cell::{Cell, RefCell};
 use std::ffi::CStr;
@@ -150,17 +151,22 @@ fn ours<'d>(
     })
 }
 
-/// The INSERT flags PostgreSQL derives from the triggers' types, once ours no longer fire for it.
-fn refresh_insert_flags(desc: &mut pg_sys::TriggerDesc, triggers: &[pg_sys::Trigger]) {
-    let any = |level: u32| {
+/// The flags PostgreSQL derives from the triggers' types that this module's changes can clear.
+fn refresh_flags(desc: &mut pg_sys::TriggerDesc, triggers: &[pg_sys::Trigger]) {
+    let any = |event: u32, level: u32| {
         triggers.iter().any(|t| {
             let t = t.tgtype as u32;
-            t & pg_sys::TRIGGER_TYPE_INSERT != 0
+            t & event != 0
                 && t & (pg_sys::TRIGGER_TYPE_ROW | pg_sys::TRIGGER_TYPE_TIMING_MASK) == level
         })
     };
-    desc.trig_insert_before_statement = any(pg_sys::TRIGGER_TYPE_BEFORE);
-    desc.trig_insert_after_row = any(pg_sys::TRIGGER_TYPE_ROW | pg_sys::TRIGGER_TYPE_AFTER);
+    let (insert, update) = (pg_sys::TRIGGER_TYPE_INSERT, pg_sys::TRIGGER_TYPE_UPDATE);
+    desc.trig_insert_before_statement = any(insert, pg_sys::TRIGGER_TYPE_BEFORE);
+    desc.trig_insert_after_row = any(
+        insert,
+        pg_sys::TRIGGER_TYPE_ROW | pg_sys::TRIGGER_TYPE_AFTER,
+    );
+    desc.trig_update_before_statement = any(update, pg_sys::TRIGGER_TYPE_BEFORE);
 }
 
 /// What the hook can do for INSERTs into `relation`, found out from its triggers and key column.
@@ -282,7 +288,13 @@ unsafe fn take_over(planstate: *mut pg_sys::PlanState) {
         for i in [Some(statement), row.map(|r| r.0)].into_iter().flatten() {
             triggers[i].tgtype &= !(pg_sys::TRIGGER_TYPE_INSERT as i16);
         }
-        refresh_insert_flags(desc, triggers);
+        // `DO UPDATE` fires the statement triggers for UPDATE too: the request checked here is
+        // all ours would check. The row trigger still checks each row the UPDATE writes.
+        let plan = (*planstate).plan as *mut pg_sys::ModifyTable;
+        if (*plan).onConflictAction == pg_sys::OnConflictAction::ONCONFLICT_UPDATE {
+            triggers[statement].tgtype &= !(pg_sys::TRIGGER_TYPE_UPDATE as i16);
+        }
+        refresh_flags(desc, triggers);
         let version = check::check_request(Access::Write);
         if let Some((_, column)) = row {
             watch_rows((*planstate).lefttree, column, protection, version);

@@ -166,8 +166,9 @@ fn instructions_per_txn(cluster: &Cluster, settings: &str, call: &str, n: i32) -
 /// throughout, then a new one each transaction among 5,000 (five times what the table holds, so
 /// most are newcomers). Then a stamped one-row INSERT transaction, plain against protected, in
 /// instructions: a plain INSERT and one with `ON CONFLICT DO NOTHING`, which the executor checks
-/// (`insert_check`), and one into a partitioned table, which the triggers check, each against
-/// the same statement into the unguarded table.
+/// (`insert_check`), one with `ON CONFLICT DO UPDATE` that updates (the row trigger checks the
+/// UPDATE), and one into a partitioned table, which the triggers check, each against the same
+/// statement into the unguarded table.
 async fn per_transaction_instructions() {
     const TXNS: i32 = 20_000;
     let cluster = Cluster::start(
@@ -200,6 +201,12 @@ async fn per_transaction_instructions() {
                    INSERT INTO orders_protected (tenant_id, item) VALUES ('7', 'item') ON CONFLICT DO NOTHING;
                  ELSIF form = 'upsert' THEN
                    INSERT INTO orders_plain (tenant_id, item) VALUES ('7', 'item') ON CONFLICT DO NOTHING;
+                 ELSIF form = 'update' AND tbl = 'protected' THEN
+                   INSERT INTO orders_protected (tenant_id, item, order_id) VALUES ('7', 'item', 0)
+                     ON CONFLICT (tenant_id, order_id) DO UPDATE SET item = excluded.item;
+                 ELSIF form = 'update' THEN
+                   INSERT INTO orders_plain (tenant_id, item, order_id) VALUES ('7', 'item', 0)
+                     ON CONFLICT (tenant_id, order_id) DO UPDATE SET item = excluded.item;
                  ELSIF tbl = 'protected' THEN
                    INSERT INTO orders_parted_protected (tenant_id, item) VALUES ('7', 'item');
                  ELSE
@@ -245,6 +252,11 @@ async fn per_transaction_instructions() {
             "INSERT ... ON CONFLICT DO NOTHING (checked by the executor)",
             "bench_forms($n, 'plain', 'upsert')",
             "bench_forms($n, 'protected', 'upsert')",
+        ),
+        (
+            "INSERT ... ON CONFLICT DO UPDATE, updating (the row trigger checks the UPDATE)",
+            "bench_forms($n, 'plain', 'update')",
+            "bench_forms($n, 'protected', 'update')",
         ),
         (
             "INSERT into a partitioned table (checked by the triggers)",
