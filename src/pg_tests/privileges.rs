@@ -156,13 +156,15 @@ mod tests {
         Spi::run(
             "INSERT INTO public.items VALUES (1, 'c'); \
              INSERT INTO public.items SELECT 1, 'd' FROM generate_series(1, 3); \
-             INSERT INTO public.items VALUES (1, 'e') ON CONFLICT DO NOTHING",
+             INSERT INTO public.items VALUES (1, 'e') ON CONFLICT DO NOTHING; \
+             WITH w AS (INSERT INTO public.items VALUES (1, 'w') RETURNING 1) SELECT count(*) FROM w",
         )
         .unwrap();
         for sql in [
             "INSERT INTO public.items VALUES (2, 'f')",
             "INSERT INTO public.items SELECT g, 'g' FROM generate_series(1, 2) g",
             "INSERT INTO public.items VALUES (2, 'h') ON CONFLICT DO NOTHING",
+            "WITH w AS (INSERT INTO public.items VALUES (2, 'x') RETURNING 1) SELECT count(*) FROM w",
         ] {
             let r = refusal(sql);
             assert_eq!(
@@ -182,7 +184,7 @@ mod tests {
             one::<i64>("SELECT count(*) FROM public.items WHERE tenant_id = 2"),
             0
         );
-        assert_eq!(one::<i64>("SELECT count(*) FROM public.items"), 6);
+        assert_eq!(one::<i64>("SELECT count(*) FROM public.items"), 7);
         Spi::run("SET LOCAL ROLE sd_app").unwrap();
         // protecting needs TRIGGER on the table; reading the extension's tables needs nothing
         Spi::run(
