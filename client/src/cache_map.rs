@@ -1,9 +1,10 @@
-//! The map under the cache, with only the operations the cache's invariant is written against:
-//! a read, an update made atomically with reading the old value, removals. It is papaya's
-//! lock-free map; in the loom model of the cache (`--cfg sd_loom`, `scripts/test.sh`) it is a
-//! map behind loom's mutex instead. Each of papaya's operations is linearizable, so the model
-//! makes each one step that loom can order against the cache's atomics in every way. That is
-//! what the model explores; papaya's insides are papaya's to test.
+//! The map under the cache, with only the operations the cache needs: a read, an update from the
+//! old value, removals. It is papaya's lock-free map. The cache writes it one writer at a time
+//! (in its writers' turn) and reads it without a turn. In the loom model of the cache
+//! (`--cfg sd_loom`, `scripts/test.sh`) it is a map behind loom's mutex instead, each operation
+//! one step that loom orders against the cache's atomics in every way. That is what the model
+//! explores, and it is faithful only because writes never race: with racing writers, papaya's
+//! `compute` is not one step ([`Pinned::update`]). Papaya's insides are papaya's to test.
 
 use crate::cache_key::CacheKey;
 use crate::entry::KeyRef;
@@ -49,8 +50,10 @@ impl<V: Copy + Send + Sync> Pinned<'_, V> {
         self.0.get(&key).copied()
     }
 
-    /// Stores what `make` returns from the key's value (`None`: leaves it as it is), atomically
-    /// with reading it. `make` may run more than once. Returns whether it stored.
+    /// Stores what `make` returns from the key's value (`None`: leaves it as it is). `make` may
+    /// run more than once, and papaya may store a value `make` returned for an absent key after
+    /// the key was inserted and removed meanwhile, without calling it again: a check made in
+    /// `make` holds at the store only when nobody else writes. Returns whether it stored.
     pub fn update(&self, key: CacheKey, mut make: impl FnMut(Option<&V>) -> Option<V>) -> bool {
         let done = self.0.compute(key, |old| match make(old.map(|(_, v)| v)) {
             Some(v) => papaya::Operation::Insert(v),
@@ -60,10 +63,6 @@ impl<V: Copy + Send + Sync> Pinned<'_, V> {
             done,
             papaya::Compute::Inserted(..) | papaya::Compute::Updated { .. }
         )
-    }
-
-    pub fn remove_if(&self, key: KeyRef<'_>, mut doomed: impl FnMut(&V) -> bool) {
-        let _ = self.0.remove_if(&key, |_, v| doomed(v));
     }
 
     pub fn retain(&self, mut keep: impl FnMut(&V) -> bool) {
@@ -123,14 +122,6 @@ impl<V: Copy + Send + Sync> Pinned<'_, V> {
                 true
             }
             None => false,
-        }
-    }
-
-    pub fn remove_if(&self, key: KeyRef<'_>, mut doomed: impl FnMut(&V) -> bool) {
-        let mut map = self.0.locked();
-        let key = CacheKey::from(key);
-        if map.get(&key).is_some_and(&mut doomed) {
-            map.remove(&key);
         }
     }
 
