@@ -185,6 +185,52 @@ mod tests {
             0
         );
         assert_eq!(one::<i64>("SELECT count(*) FROM public.items"), 7);
+        // a role holding INSERT, SELECT and UPDATE: an upsert is checked by the executor for
+        // every proposed row, conflicting or not, and the key its UPDATE writes by the trigger
+        Spi::run(
+            "SET LOCAL ROLE sd_app; \
+             CREATE TABLE public.kv (tenant_id int, k text, v text, PRIMARY KEY (tenant_id, k)); \
+             SELECT shard_directory.protect('public.kv', 'tenant_id', 'tenant')",
+        )
+        .unwrap();
+        client("5");
+        Spi::run(
+            "RESET ROLE; INSERT INTO public.kv VALUES (1, 'a', 'x'), (3, 'a', 'z'); \
+             SELECT shard_directory.fence_frozen('tenant', '3'); \
+             CREATE ROLE sd_upserter; GRANT USAGE ON SCHEMA public TO sd_upserter; \
+             GRANT INSERT, SELECT, UPDATE ON public.kv TO sd_upserter; SET LOCAL ROLE sd_upserter",
+        )
+        .unwrap();
+        const UPSERT: &str = "ON CONFLICT (tenant_id, k) DO UPDATE SET v = excluded.v";
+        Spi::run(&format!(
+            "INSERT INTO public.kv VALUES (1, 'a', 'x2') {UPSERT}; \
+             INSERT INTO public.kv VALUES (1, 'b', 'y') {UPSERT}"
+        ))
+        .unwrap();
+        for sql in [
+            format!("INSERT INTO public.kv VALUES (3, 'a', 'w') {UPSERT}"),
+            format!("INSERT INTO public.kv VALUES (3, 'b', 'w') {UPSERT}"),
+            // 3b does not exist: the unique index would otherwise refuse it first
+            "INSERT INTO public.kv VALUES (1, 'b', 'v') \
+             ON CONFLICT (tenant_id, k) DO UPDATE SET tenant_id = 3"
+                .to_owned(),
+        ] {
+            let r = refusal(&sql);
+            assert_eq!(
+                r.code, ERRCODE_T_R_SERIALIZATION_FAILURE,
+                "{sql}: {}",
+                r.message
+            );
+            assert_eq!(json(r.detail)["reason"], "frozen", "{sql}");
+        }
+        Spi::run("RESET ROLE").unwrap();
+        assert_eq!(
+            one::<String>(
+                "SELECT string_agg(format('%s%s=%s', tenant_id, k, v), ',' ORDER BY tenant_id, k) \
+                 FROM public.kv"
+            ),
+            "1a=x2,1b=y,3a=z"
+        );
         Spi::run("SET LOCAL ROLE sd_app").unwrap();
         // protecting needs TRIGGER on the table; reading the extension's tables needs nothing
         Spi::run(
