@@ -472,6 +472,23 @@ mod tests {
         .expect("a sum")
     }
 
+    /// An INSERT with `ON CONFLICT DO NOTHING` inside a `WITH` query, for [`each_refused`].
+    const ON_CONFLICT_IN_WITH: &str =
+        "WITH w AS ({insert} ON CONFLICT DO NOTHING RETURNING 1) SELECT count(*) FROM w";
+
+    /// `insert` with each of `rows`, in each of `forms` (where `{insert}` stands for it), is
+    /// refused with 40001 and the rows' reason.
+    fn each_refused(insert: &str, rows: &[(&str, &str)], forms: &[&str]) {
+        for (values, reason) in rows {
+            for form in forms {
+                let sql = form.replace("{insert}", &format!("{insert} {values}"));
+                let r = refusal(&sql);
+                assert_eq!(r.code, ERRCODE_T_R_SERIALIZATION_FAILURE, "{sql}");
+                assert_eq!(json(r.detail)["reason"], *reason, "{sql}");
+            }
+        }
+    }
+
     /// A plain INSERT is checked by the executor hook, not the triggers (`insert_check`), with
     /// the same verdicts; where the hook cannot see the row the trigger would, the triggers fire.
     #[pg_test]
@@ -539,25 +556,19 @@ mod tests {
         // stale route does not learn "nothing inserted" from a shard its tenant left; and an
         // INSERT inside WITH as one on its own
         Spi::run("SELECT shard_directory.fence_frozen('tenant', 'a')").unwrap();
-        for (rows, reason) in [
-            ("VALUES ('gone', 'x')", "moved"),
-            ("VALUES ('a', 'x')", "frozen"),
-            ("VALUES ('g', 'x'), ('a', 'new')", "frozen"),
-        ] {
-            let insert = format!("INSERT INTO orders (tenant_id, item) {rows}");
-            for sql in [
-                format!("{insert} ON CONFLICT (tenant_id, item) DO NOTHING"),
-                format!("WITH w AS ({insert} RETURNING 1) SELECT count(*) FROM w"),
-                format!(
-                    "WITH w AS ({insert} ON CONFLICT DO NOTHING RETURNING 1) \
-                     SELECT count(*) FROM w"
-                ),
-            ] {
-                let r = refusal(&sql);
-                assert_eq!(r.code, ERRCODE_T_R_SERIALIZATION_FAILURE, "{sql}");
-                assert_eq!(json(r.detail)["reason"], reason, "{sql}");
-            }
-        }
+        each_refused(
+            "INSERT INTO orders (tenant_id, item) VALUES",
+            &[
+                ("('gone', 'x')", "moved"),
+                ("('a', 'x')", "frozen"),
+                ("('g', 'x'), ('a', 'new')", "frozen"),
+            ],
+            &[
+                "{insert} ON CONFLICT (tenant_id, item) DO NOTHING",
+                "WITH w AS ({insert} RETURNING 1) SELECT count(*) FROM w",
+                ON_CONFLICT_IN_WITH,
+            ],
+        );
         Spi::run("SELECT shard_directory.unfence('tenant', 'a')").unwrap();
         Spi::run(
             "INSERT INTO orders (tenant_id, item) VALUES ('a', 'x'), ('g', 'x') \
@@ -617,6 +628,89 @@ mod tests {
         assert_eq!(
             one::<i64>("SELECT count(*) FROM orders WHERE tenant_id = 'gone'"),
             2
+        );
+    }
+
+    /// An INSERT into a partitioned table: the executor checks the request and every proposed
+    /// row, a conflicting one of `ON CONFLICT` too; the partitions' row triggers still check each
+    /// row written, with the key a BEFORE ROW trigger set.
+    #[pg_test]
+    fn a_partitioned_tables_proposed_rows_are_checked_conflicting_ones_too() {
+        Spi::run(
+            "SET LOCAL track_functions = 'all'; \
+             CREATE TABLE parts (tenant_id int, item text, PRIMARY KEY (tenant_id, item)) \
+               PARTITION BY LIST (tenant_id); \
+             CREATE TABLE parts_a PARTITION OF parts FOR VALUES IN (1, 2, 3); \
+             CREATE TABLE parts_b PARTITION OF parts FOR VALUES IN (4, 5, 6); \
+             SELECT shard_directory.protect('parts', 'tenant_id', 'tenant')",
+        )
+        .unwrap();
+        client("1");
+        Spi::run(
+            "INSERT INTO parts VALUES (1, 'x'), (2, 'x'), (3, 'x'), (4, 'x'); \
+             SELECT shard_directory.fence_frozen('tenant', '2'); \
+             SELECT shard_directory.fence_moved('tenant', '3', 'shard_2', 6); \
+             SELECT shard_directory.raise_min_accepted(5)",
+        )
+        .unwrap();
+        let (statement, row) = (
+            "shard_directory_protect_statement",
+            "shard_directory_protect_row",
+        );
+        client("4");
+        let r = refusal("INSERT INTO parts VALUES (1, 'x') ON CONFLICT DO NOTHING");
+        assert_eq!(r.code, ERRCODE_T_R_SERIALIZATION_FAILURE);
+        client("5");
+        let (statements, rows) = (calls_of(statement), calls_of(row));
+        Spi::run("INSERT INTO parts VALUES (1, 'y'), (5, 'y')").unwrap();
+        assert_eq!(
+            (calls_of(statement), calls_of(row)),
+            (statements, rows + 2),
+            "the executor checked the request, the partitions' row triggers each row written"
+        );
+        each_refused(
+            "INSERT INTO parts VALUES",
+            &[
+                ("(2, 'x')", "frozen"),
+                ("(3, 'x')", "moved"),
+                ("(1, 'z'), (2, 'new')", "frozen"),
+            ],
+            &[
+                "{insert} ON CONFLICT DO NOTHING",
+                "{insert} ON CONFLICT (tenant_id, item) DO UPDATE SET item = 'w'",
+                ON_CONFLICT_IN_WITH,
+            ],
+        );
+        Spi::run("INSERT INTO parts VALUES (1, 'x'), (4, 'z') ON CONFLICT DO NOTHING").unwrap();
+        // DO UPDATE: the request is not checked again; the partition's row trigger checks the
+        // row it updates
+        let (statements, rows) = (calls_of(statement), calls_of(row));
+        Spi::run(
+            "INSERT INTO parts VALUES (4, 'x') ON CONFLICT (tenant_id, item) \
+             DO UPDATE SET item = 'x2'",
+        )
+        .unwrap();
+        assert_eq!((calls_of(statement), calls_of(row)), (statements, rows + 1));
+        // a BEFORE ROW trigger may change the key after the executor read it: the partition's
+        // row trigger reads the key written
+        Spi::run(
+            "CREATE FUNCTION redirect() RETURNS trigger LANGUAGE plpgsql AS \
+               $$ BEGIN IF NEW.item = 'redirect' THEN NEW.tenant_id := 3; END IF; RETURN NEW; END $$; \
+             CREATE TRIGGER redirect BEFORE INSERT ON parts FOR EACH ROW EXECUTE FUNCTION redirect()",
+        )
+        .unwrap();
+        let r = refusal("INSERT INTO parts VALUES (1, 'redirect')");
+        let detail = json(r.detail);
+        assert_eq!(
+            (&detail["entity_id"], &detail["reason"]),
+            (&"3".into(), &"moved".into())
+        );
+        assert_eq!(
+            one::<String>(
+                "SELECT string_agg(format('%s%s', tenant_id, item), ',' ORDER BY tenant_id, item) \
+                 FROM parts"
+            ),
+            "1x,1y,2x,3x,4x2,4z,5y"
         );
     }
 

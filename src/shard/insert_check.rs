@@ -8,15 +8,17 @@
 //! request once, and reads each row's key as the plan hands it to the INSERT; the same for each
 //! INSERT inside a `WITH` query.
 //!
-//! It takes over only where it sees the row the trigger would: a plain table (a partitioned one
-//! routes rows to partitions whose own triggers fire), no BEFORE ROW INSERT trigger that could
-//! change the key, and a key column that is not generated. With `ON CONFLICT` it checks every
-//! proposed row, the ones that conflict too (a stale route must not learn "nothing inserted" from
-//! a shard its tenant left); the UPDATE of `DO UPDATE` keeps its row trigger, and loses the
-//! statement trigger, whose request the hook has checked. Everywhere else the triggers fire as
-//! before, and the row trigger sees only the rows written. Where a trigger would not fire
-//! (disabled, or `session_replication_role = replica` for a trigger enabled on origin), the hook
-//! checks nothing either.
+//! It takes the row trigger's place only where it sees the row the trigger would: a plain table,
+//! no BEFORE ROW INSERT trigger that could change the key, and a key column that is not
+//! generated. With `ON CONFLICT` it checks every proposed row, the ones that conflict too (a
+//! stale route must not learn "nothing inserted" from a shard its tenant left); the UPDATE of `DO
+//! UPDATE` keeps its row trigger, and loses the statement trigger, whose request the hook has
+//! checked. A partitioned table routes its rows to partitions whose own row triggers fire and
+//! check each row written; the hook takes its statement trigger's place and checks each proposed
+//! row too, so that there as well a conflicting one is not let through. Everywhere else the
+//! triggers fire as before, and the row trigger sees only the rows written. Where a trigger would
+//! not fire (disabled, or `session_replication_role = replica` for a trigger enabled on origin),
+//! the hook checks nothing either.
 
 use std::cell::{Cell, RefCell};
 use std::ffi::CStr;
@@ -44,9 +46,18 @@ pub fn init() {
 /// What the hook knows of a table whose INSERTs it can check: kept until the table's relcache
 /// entry changes, since finding it out costs more than the check itself.
 struct Protection {
-    /// The `pg_trigger` OIDs of the statement trigger and, if the table has one, the row trigger.
+    /// The `pg_trigger` OID of the statement trigger.
     statement: pg_sys::Oid,
-    row: Option<(pg_sys::Oid, RowKey)>,
+    /// Where each row's key is checked besides the hook, and how the hook reads it.
+    row: Option<(RowTrigger, RowKey)>,
+}
+
+/// The row trigger that checks a row when the hook does not.
+enum RowTrigger {
+    /// The table's own, by its `pg_trigger` OID: the hook takes its place.
+    Own(pg_sys::Oid),
+    /// A partitioned table's partitions' own, which still check each row written.
+    Partitions,
 }
 
 /// How a row's key is read: its column and type, and its entity type.
@@ -173,10 +184,14 @@ fn refresh_flags(desc: &mut pg_sys::TriggerDesc, triggers: &[pg_sys::Trigger]) {
 unsafe fn protection_of(relation: pg_sys::Relation) -> Option<Protection> {
     unsafe {
         let desc = (*relation).trigdesc;
-        if desc.is_null()
-            || (*desc).trig_insert_before_row
-            || (*(*relation).rd_rel).relkind as u8 != pg_sys::RELKIND_RELATION
-        {
+        let partitioned = match (*(*relation).rd_rel).relkind as u8 {
+            pg_sys::RELKIND_RELATION => false,
+            pg_sys::RELKIND_PARTITIONED_TABLE => true,
+            _ => return None,
+        };
+        // A BEFORE ROW trigger could change the key after the hook read it; on a partitioned
+        // table the partitions' row triggers read it after that.
+        if desc.is_null() || (*desc).trig_insert_before_row && !partitioned {
             return None;
         }
         let triggers = std::slice::from_raw_parts((*desc).triggers, (*desc).numtriggers as usize);
@@ -186,13 +201,20 @@ unsafe fn protection_of(relation: pg_sys::Relation) -> Option<Protection> {
             c"shard_directory_protect_statement",
             pg_sys::TRIGGER_TYPE_BEFORE,
         )?;
-        let row = ours(
-            triggers,
-            ROW_TRIGGER,
-            c"shard_directory_protect_row",
-            pg_sys::TRIGGER_TYPE_ROW | pg_sys::TRIGGER_TYPE_AFTER,
-        );
-        let row = match row.map(|t| (t.tgoid, check::key_arguments(t))) {
+        // A partitioned table's statement trigger carries the key its partitions' row triggers
+        // check.
+        let row = if partitioned {
+            Some((RowTrigger::Partitions, statement))
+        } else {
+            ours(
+                triggers,
+                ROW_TRIGGER,
+                c"shard_directory_protect_row",
+                pg_sys::TRIGGER_TYPE_ROW | pg_sys::TRIGGER_TYPE_AFTER,
+            )
+            .map(|t| (RowTrigger::Own(t.tgoid), t))
+        };
+        let row = match row.map(|(trigger, t)| (trigger, check::key_arguments(t))) {
             Some((trigger, Some((key_column, entity_type)))) => {
                 let attno = check::key_attno(relation, key_column);
                 let attr = &catalog::attributes((*relation).rd_att)[attno as usize - 1];
@@ -273,19 +295,25 @@ unsafe fn take_over(planstate: *mut pg_sys::PlanState) {
         let Some(statement) = find(protection.statement) else {
             return;
         };
+        // The row trigger the hook replaces, if any, and whether it reads rows at all.
         let row = match &protection.row {
-            Some((trigger, key)) => match find(*trigger) {
-                Some(row) => {
-                    let Some(column) = output_column((*planstate).lefttree, key.attno) else {
-                        return;
-                    };
-                    Some((row, column))
-                }
-                None => None,
-            },
+            Some((RowTrigger::Own(trigger), key)) => find(*trigger).map(|i| (Some(i), key)),
+            Some((RowTrigger::Partitions, key)) => Some((None, key)),
             None => None,
         };
-        for i in [Some(statement), row.map(|r| r.0)].into_iter().flatten() {
+        let row = match row {
+            Some((replaced, key)) => {
+                let Some(column) = output_column((*planstate).lefttree, key.attno) else {
+                    return;
+                };
+                Some((replaced, column))
+            }
+            None => None,
+        };
+        for i in [Some(statement), row.and_then(|r| r.0)]
+            .into_iter()
+            .flatten()
+        {
             triggers[i].tgtype &= !(pg_sys::TRIGGER_TYPE_INSERT as i16);
         }
         // `DO UPDATE` fires the statement triggers for UPDATE too: the request checked here is
