@@ -19,6 +19,7 @@ REVOKE EXECUTE ON FUNCTION
     fence_owned(text, text, bigint),
     fence_frozen(text, text),
     fence_frozen(text, text, interval, bigint),
+    fence_cutover(text, text, interval, bigint),
     fence_moved(text, text, text, bigint),
     unfence(text, text),
     protect(regclass),

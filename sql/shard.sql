@@ -13,13 +13,13 @@ INSERT INTO shard_settings DEFAULT VALUES;
 CREATE TABLE shard_fences (
     entity_type  text        NOT NULL,
     entity_id    text        NOT NULL,
-    state        text        NOT NULL CHECK (state IN ('owned','frozen','moved')),
+    state        text        NOT NULL CHECK (state IN ('owned','frozen','cutover','moved')),
     min_version  bigint      NOT NULL DEFAULT 0 CHECK (min_version >= 0),
     moved_to     text,
     updated_at   timestamptz NOT NULL DEFAULT now(),
-    -- a frozen fence's lease: past it the fence governs as owned (min_version)
+    -- a frozen (or cutover) fence's lease: past it the fence governs as owned (min_version)
     lease_until  timestamptz CONSTRAINT shard_fences_lease_is_frozen
-                             CHECK (lease_until IS NULL OR state = 'frozen'),
+                             CHECK (lease_until IS NULL OR state IN ('frozen','cutover')),
     PRIMARY KEY (entity_type, entity_id),
     CHECK ((state = 'moved') = (moved_to IS NOT NULL))
 );

@@ -256,9 +256,11 @@ CREATE EVENT TRIGGER shard_directory_protect_partitions ON ddl_command_end
     WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE')
     EXECUTE FUNCTION protect_new_partitions();
 
--- A frozen fence's lease (src/shard/cached.rs).
+-- A frozen (or cutover) fence's lease, and the cutover's fence (src/shard/cached.rs).
+ALTER TABLE shard_fences DROP CONSTRAINT shard_fences_state_check,
+    ADD CONSTRAINT shard_fences_state_check CHECK (state IN ('owned','frozen','cutover','moved'));
 ALTER TABLE shard_fences ADD COLUMN lease_until timestamptz CONSTRAINT shard_fences_lease_is_frozen
-    CHECK (lease_until IS NULL OR state = 'frozen');
+    CHECK (lease_until IS NULL OR state IN ('frozen','cutover'));
 
 -- A freeze for a lease only (src/shard/fences.rs).
 CREATE FUNCTION "fence_frozen"(
@@ -270,6 +272,17 @@ CREATE FUNCTION "fence_frozen"(
 VOLATILE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'fence_frozen_for_wrapper';
+
+-- A cutover being committed: reads refused too, for a lease (src/shard/fences.rs).
+CREATE FUNCTION "fence_cutover"(
+	"entity_type" TEXT,
+	"entity_id" TEXT,
+	"lease" interval,
+	"cutover_version" bigint
+) RETURNS void
+VOLATILE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'fence_cutover_wrapper';
 
 -- A freeze whose lease ran out with no cutover, released (src/directory/moves.rs).
 CREATE FUNCTION "release_expired_freeze"(
@@ -340,6 +353,7 @@ REVOKE EXECUTE ON FUNCTION
     fence_owned(text, text, bigint),
     fence_frozen(text, text),
     fence_frozen(text, text, interval, bigint),
+    fence_cutover(text, text, interval, bigint),
     fence_moved(text, text, text, bigint),
     unfence(text, text),
     protect(regclass),

@@ -196,7 +196,8 @@ fn abort_move(entity_type: Option<&str>, entity_id: Option<&str>) -> i64 {
 
 /// Releases the entity from a freeze whose lease has ended before its cutover: the entry goes back
 /// to active on its source (`abort_move`), and its move to `aborting`, for the mover's next run to
-/// clean up. Returns the new version, or NULL when there is nothing to release (no open move of
+/// clean up. A move already `aborting` whose entry is still read-only (an earlier mover released
+/// its shards first, and stopped before the directory) is released the same way. Returns the new version, or NULL when there is nothing to release (no open move of
 /// the entity is frozen, or its lease has not ended on this server's clock). Routers call it when
 /// they find an entity read-only for long, so that a mover that vanished mid-freeze does not
 /// leave its entity frozen for good; the shards' fences end the same lease themselves. It runs
@@ -211,10 +212,12 @@ fn release_expired_freeze(entity_type: Option<&str>, entity_id: Option<&str>) ->
             "find an expired freeze",
             Spi::connect_mut(|c| {
                 let found = c.update(
-                    "SELECT move_id FROM shard_directory.shard_moves \
-                     WHERE entity_type = $1 AND entity_id = $2 AND finished_at IS NULL \
-                       AND phase IN ('frozen', 'verified') AND freeze_lease_until < clock_timestamp() \
-                     FOR UPDATE",
+                    "SELECT m.move_id FROM shard_directory.shard_moves m \
+                     JOIN shard_directory.shard_directory d USING (entity_type, entity_id) \
+                     WHERE m.entity_type = $1 AND m.entity_id = $2 AND m.finished_at IS NULL \
+                       AND m.phase IN ('frozen', 'verified', 'aborting') \
+                       AND d.state = 'read_only' AND m.freeze_lease_until < clock_timestamp() \
+                     FOR UPDATE OF m",
                     Some(1),
                     &[
                         key.entity_type.as_str().into(),

@@ -44,6 +44,44 @@ mod tests {
         );
     }
 
+    /// The cutover's fence refuses reads too, not only writes, and after its lease admits only
+    /// clients at the cutover's version (or an abort's, which comes later).
+    #[pg_test]
+    fn a_cutover_fence_refuses_reads_too_and_then_admits_only_clients_at_the_cutover() {
+        Spi::run(
+            "CREATE TABLE orders (tenant_id int, item text); \
+             SELECT shard_directory.protect('orders', 'tenant_id', 'tenant'); \
+             SELECT shard_directory.fence_cutover('tenant', '7', interval '200 ms', 45)",
+        )
+        .unwrap();
+        client("44");
+        entity("7");
+        let read = "SELECT shard_directory.assert_directory_version(true)";
+        assert_eq!(json(refusal(read).detail)["reason"], "frozen", "a read");
+        assert_eq!(json(refusal(CHECK).detail)["reason"], "frozen", "a write");
+        let state: Option<String> =
+            Spi::get_one("SELECT state FROM shard_directory.shard_fences WHERE entity_id = '7'")
+                .unwrap();
+        assert_eq!(state.as_deref(), Some("cutover"));
+        Spi::run("SELECT pg_sleep(0.25)").unwrap();
+        let r = refusal(read);
+        assert_eq!(
+            (r.code, json(r.detail)["min_version"].as_i64()),
+            (ERRCODE_T_R_SERIALIZATION_FAILURE, Some(45)),
+            "a reader before the cutover, past the lease: {}",
+            r.message
+        );
+        client("45");
+        Spi::run(&format!(
+            "{read}; {CHECK}; INSERT INTO orders VALUES (7, 'after')"
+        ))
+        .unwrap();
+        assert_eq!(
+            refusal("SELECT shard_directory.fence_cutover('tenant', '7', NULL, 45)").code,
+            ERRCODE_NULL_VALUE_NOT_ALLOWED
+        );
+    }
+
     #[pg_test]
     fn a_fresh_version_is_accepted_and_a_stale_one_refused_with_the_guides_message() {
         Spi::run("SELECT shard_directory.raise_min_accepted(42)").unwrap();

@@ -27,9 +27,13 @@ pub enum Fence {
     Owned {
         min_version: i64,
     },
-    /// Every request refused; with a lease, only until it ends.
+    /// Every write refused (every read too unless `reads`); with a lease, only until it ends.
+    /// A move's freeze lets reads through, as its source holds every row; its cutover (state
+    /// `cutover`, while the directory commits it) does not, so that nobody reads the source
+    /// once the target may be written.
     Frozen {
         lease: Option<Lease>,
+        reads: bool,
     },
     Moved {
         moved_to: String,
@@ -52,7 +56,7 @@ impl Fence {
     /// The fence as it stands now: a frozen fence whose lease has ended is its `Owned` form.
     fn in_force(self) -> Fence {
         match self {
-            Fence::Frozen { lease: Some(l) }
+            Fence::Frozen { lease: Some(l), .. }
                 if unsafe { pg_sys::GetCurrentTimestamp() } >= l.until =>
             {
                 Fence::Owned {
@@ -296,11 +300,12 @@ fn fences() -> Rc<Fences> {
             let mut fences = Fences::default();
             for row in rows {
                 let fence = match row[2].as_deref() {
-                    Some("frozen") => Fence::Frozen {
+                    Some(state @ ("frozen" | "cutover")) => Fence::Frozen {
                         lease: row[5].as_ref().map(|_| Lease {
                             until: int(&row[5]),
                             min_version: int(&row[3]),
                         }),
+                        reads: state == "frozen",
                     },
                     Some("moved") => Fence::Moved {
                         moved_to: row[4].clone().unwrap_or_default(),

@@ -39,7 +39,7 @@ fn check_shard(version: Option<i64>) {
 }
 
 /// What a checked transaction does: a write is refused while its entity is frozen; a read is
-/// not, since the source holds every row of the entity until the cutover.
+/// not, since the source holds every row of the entity until the cutover, once that begins.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Access {
     Write,
@@ -57,7 +57,7 @@ fn check_entity(key: EntityRef<'_>, version: Option<i64>, access: Access) {
             })
         }
         None | Some(Fence::Owned { .. }) => {}
-        Some(Fence::Frozen { .. }) if access == Access::Read => {}
+        Some(Fence::Frozen { reads: true, .. }) if access == Access::Read => {}
         Some(Fence::Frozen { .. }) => refuse(SdError::EntityFrozen {
             entity: key.to_key(),
         }),

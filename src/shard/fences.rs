@@ -127,6 +127,32 @@ fn fence_frozen_for(
     );
 }
 
+/// The entity's cutover is being committed in the directory: every request for it, reads too, is
+/// refused retryably (reason `frozen`), for `lease` only (counted from when the fence takes
+/// effect): then it is governed as if fenced owned with a minimum of `cutover_version`. The mover
+/// sets it after `complete_move` took `cutover_version` and before that commits (the directory's
+/// version lock held meanwhile): no reader is served by the source once the target may be
+/// written, and once the lease ends only the clients that saw the cutover (they route to its
+/// target), or the abort that follows a cutover that never committed (its version is at least
+/// that), get through.
+#[pg_extern(volatile)]
+fn fence_cutover(
+    entity_type: Option<&str>,
+    entity_id: Option<&str>,
+    lease: Option<Interval>,
+    cutover_version: Option<i64>,
+) {
+    let lease = required(lease, "lease");
+    let cutover_version = required(cutover_version, "cutover_version");
+    set_fence(
+        crate::entity::key_of(entity_type, entity_id),
+        "cutover",
+        Some(cutover_version),
+        None,
+        Some(lease),
+    );
+}
+
 /// The entity now lives on `moved_to` as of directory version `version`.
 #[pg_extern(volatile)]
 fn fence_moved(
