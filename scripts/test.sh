@@ -38,8 +38,10 @@ bash scripts/install-extension.sh
 for major in 16 17 18; do
   PG_CONFIG=$PWD/.pg/$major/bin/pg_config bash scripts/install-extension.sh
 done
-# The end-to-end tests run the CLI as an operator would (and SIGKILL it mid-move).
-cargo build -p shard-directory-mover --bin shard-directory
+# The end-to-end tests run the CLI as an operator would (and SIGKILL it mid-move); built with
+# its failpoints (inert unless FAILPOINTS names one), which the failpoint sweep (sweep.rs) faults.
+# The sweep runs a share of its cases that rotates daily; scripts/sweep.sh runs them all.
+cargo build -p shard-directory-mover --bin shard-directory --features failpoints
 # --show-output: the proof prints its counts (acked, retried by reason, moves, freeze, the kill).
 cargo test -p shard-directory-e2e -p shard-directory-demo -p shard-directory-client \
   -p shard-directory-mover -p shard-directory-protocol --features shard-directory-protocol/serde \

@@ -11,6 +11,7 @@
 //!   `observe`: observers that act on a move at a phase;
 //! - `proxy`, `pgbouncer`, `redis`: what stands between a client and a cluster, or beside it;
 //!   `prometheus`: a sample of the exporter's text;
+//! - `sweep`: the failpoint sweep: every step of a move faulted every way, the invariants checked;
 //! - `wait`: waiting on a condition with a deadline, and on a backend's lock; `column`: a
 //!   query's first column.
 //!
@@ -25,6 +26,7 @@ pub mod pgbouncer;
 pub mod prometheus;
 pub mod proxy;
 pub mod redis;
+pub mod sweep;
 pub mod topology;
 mod wait;
 pub mod wide;

@@ -9,8 +9,12 @@ use shard_directory_mover::Phase;
 use crate::Topology;
 
 /// The CLI, built beside the test binaries (`scripts/test.sh` builds it first:
-/// `cargo build -p shard-directory-mover --bin shard-directory`).
+/// `cargo build -p shard-directory-mover --bin shard-directory --features failpoints`), or the
+/// one `SD_CLI` names (a long sweep runs a copy, so that a build meanwhile does not swap it).
 pub fn binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("SD_CLI") {
+        return PathBuf::from(path);
+    }
     let exe = std::env::current_exe().expect("the test binary's path");
     // target/<profile>/deps/<test> -> target/<profile>/shard-directory
     let bin = exe
@@ -20,7 +24,8 @@ pub fn binary() -> PathBuf {
         .join("shard-directory");
     assert!(
         bin.exists(),
-        "{} is missing: cargo build -p shard-directory-mover --bin shard-directory",
+        "{} is missing: cargo build -p shard-directory-mover --bin shard-directory --features \
+         failpoints",
         bin.display()
     );
     bin
@@ -150,4 +155,62 @@ pub async fn finish(t: &Topology, verb: &str, move_id: i64) {
         "shard-directory {verb} {move_id}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A failpoint of the CLI that holds the process there (`wait:<path>`, mover/src/failpoint.rs)
+/// until released: what a test does meanwhile happens exactly at that step.
+pub struct Held(PathBuf);
+
+impl Held {
+    pub fn new(name: &str) -> Held {
+        let held =
+            Held(std::env::temp_dir().join(format!("sd-held-{name}-{}", std::process::id())));
+        held.remove();
+        held
+    }
+
+    /// `<path>.reached`, written by the CLI once held; `<path>.go`, which releases it.
+    fn file(&self, suffix: &str) -> PathBuf {
+        PathBuf::from(format!("{}.{suffix}", self.0.display()))
+    }
+
+    /// The failpoint's action: `wait:<path>`.
+    pub fn action(&self) -> String {
+        format!("wait:{}", self.0.display())
+    }
+
+    /// `FAILPOINTS` for the CLI: held the first time it reaches `point`.
+    pub fn at(&self, point: &str) -> String {
+        format!("{point}=1*return({})", self.action())
+    }
+
+    pub fn is_reached(&self) -> bool {
+        self.file("reached").exists()
+    }
+
+    /// Waits (up to a minute) until the CLI is held there.
+    pub async fn reached(&self) {
+        crate::eventually(
+            "the failpoint to be reached",
+            Duration::from_secs(60),
+            || async { self.is_reached().then_some(()) },
+        )
+        .await
+    }
+
+    pub fn release(&self) {
+        std::fs::write(self.file("go"), "").expect("write <path>.go");
+    }
+
+    fn remove(&self) {
+        for suffix in ["reached", "go"] {
+            let _ = std::fs::remove_file(self.file(suffix));
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.remove();
+    }
 }

@@ -1,16 +1,23 @@
-//! A TCP proxy in front of a cluster that can turn into a black hole: it accepts connections and
+//! A TCP proxy in front of a cluster. It can turn into a black hole: it accepts connections and
 //! never answers, as a load balancer or proxy whose backend is gone does (the kernel's TCP
-//! connect succeeds; PostgreSQL's startup never completes).
+//! connect succeeds; PostgreSQL's startup never completes). It can cut the connections it
+//! carries on the client's side only, as a network blip does: the server keeps its sessions (and
+//! their locks) until it finds out. And it can pause them, bytes held and both ends open, as a
+//! network partition does: neither side hears of it for minutes.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 
 pub struct Proxy {
     port: u16,
     forwarding: Arc<AtomicBool>,
+    cut: watch::Sender<u64>,
+    paused: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -21,19 +28,36 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind a port");
         let port = listener.local_addr().unwrap().port();
         let forwarding = Arc::new(AtomicBool::new(false));
+        let (cut, cuts) = watch::channel(0u64);
+        let (paused, pauses) = watch::channel(false);
+        // Server sides of connections cut on the client's side: kept open, as the server sees it.
+        let kept: Arc<Mutex<Vec<OwnedWriteHalf>>> = Arc::default();
         let mode = forwarding.clone();
         let task = tokio::spawn(async move {
             while let Ok((mut client, _)) = listener.accept().await {
                 let forward = mode.load(Ordering::SeqCst);
+                let (mut cuts, pauses, kept) = (cuts.clone(), pauses.clone(), kept.clone());
+                cuts.mark_unchanged();
                 tokio::spawn(async move {
-                    if forward {
-                        if let Ok(mut server) = TcpStream::connect(("127.0.0.1", upstream)).await {
-                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                        }
-                    } else {
+                    if !forward {
                         // Read what the client sends, answer nothing, until it hangs up.
                         let mut sink = [0u8; 1024];
                         while matches!(client.read(&mut sink).await, Ok(n) if n > 0) {}
+                        return;
+                    }
+                    let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
+                        return;
+                    };
+                    let ((from_client, to_client), (from_server, mut to_server)) =
+                        (client.into_split(), server.into_split());
+                    tokio::select! {
+                        _ = async {
+                            tokio::join!(
+                                pump(from_client, &mut to_server, pauses.clone()),
+                                pump(from_server, to_client, pauses),
+                            )
+                        } => {}
+                        _ = cuts.changed() => kept.lock().unwrap().push(to_server),
                     }
                 });
             }
@@ -41,8 +65,17 @@ impl Proxy {
         Proxy {
             port,
             forwarding,
+            cut,
+            paused,
             task,
         }
+    }
+
+    /// A proxy that forwards from the start.
+    pub async fn forwarding(upstream: u16) -> Proxy {
+        let proxy = Proxy::black_hole(upstream).await;
+        proxy.forward();
+        proxy
     }
 
     /// From now on, new connections reach the upstream (those held in the black hole stay).
@@ -50,8 +83,50 @@ impl Proxy {
         self.forwarding.store(true, Ordering::SeqCst);
     }
 
+    /// Closes every forwarded connection on the client's side, keeping the server's side open
+    /// (for as long as the proxy lives): a blip the server does not see.
+    pub fn cut(&self) {
+        self.cut.send_modify(|n| *n += 1);
+    }
+
+    /// Holds (`true`) or passes again (`false`) every byte of the forwarded connections, new
+    /// ones too, both ends kept open: a partition neither end is told of.
+    pub fn pause(&self, on: bool) {
+        self.paused.send_replace(on);
+    }
+
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// `cluster`'s connection string for `db`, through this proxy.
+    pub fn conn_str(&self, cluster: &crate::Cluster, db: &str) -> String {
+        cluster.conn_str(db).replace(
+            &format!("port={}", cluster.port()),
+            &format!("port={}", self.port),
+        )
+    }
+}
+
+/// Copies `from` to `to`, holding what it reads while `paused` says so; `to` is shut down when
+/// `from` ends, so the other end hears of it.
+async fn pump<W: AsyncWriteExt + Unpin>(
+    mut from: OwnedReadHalf,
+    mut to: W,
+    mut paused: watch::Receiver<bool>,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => {
+                let _ = to.shutdown().await;
+                return;
+            }
+            Ok(n) => n,
+        };
+        if paused.wait_for(|p| !*p).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
     }
 }
 

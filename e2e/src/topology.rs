@@ -71,7 +71,19 @@ impl Topology {
             .iter()
             .map(|own| (Install::configured(), *own))
             .collect();
-        Topology::built(name, Install::configured(), &shards).await
+        Topology::built(name, (Install::configured(), &[]), &shards).await
+    }
+
+    /// A directory and two shards whose commits survive a crash (`synchronous_commit = on`;
+    /// the harness's clusters otherwise trade that for speed): for tests that crash servers and
+    /// then count every acknowledged write.
+    pub async fn durable(name: &str) -> Topology {
+        const DURABLE: &[(&str, &str)] = &[("synchronous_commit", "on")];
+        let shards = [
+            (Install::configured(), DURABLE),
+            (Install::configured(), DURABLE),
+        ];
+        Topology::built(name, (Install::configured(), DURABLE), &shards).await
     }
 
     /// A fleet of several PostgreSQL majors: the directory on `directory`'s, a shard per entry of
@@ -81,17 +93,22 @@ impl Topology {
             .iter()
             .map(|major| (Install::major(*major), &[][..]))
             .collect();
-        Topology::built(name, Install::major(directory), &shards).await
+        Topology::built(name, (Install::major(directory), &[]), &shards).await
     }
 
-    /// The directory from `directory`, and a shard per entry of `shards` from its install, run
-    /// with [`SHARD_SETTINGS`] and its own settings.
+    /// The directory from its install, run with [`DIRECTORY_SETTINGS`] and its own settings, and
+    /// a shard per entry of `shards` from its install, run with [`SHARD_SETTINGS`] and its own.
     async fn built(
         name: &str,
-        directory: &'static Install,
+        (directory, own): (&'static Install, &[(&str, &str)]),
         shards: &[(&'static Install, &[(&str, &str)])],
     ) -> Topology {
-        let directory = Cluster::start_from(directory, &format!("{name}-dir"), DIRECTORY_SETTINGS);
+        let all: Vec<_> = DIRECTORY_SETTINGS
+            .iter()
+            .chain(own.iter())
+            .copied()
+            .collect();
+        let directory = Cluster::start_from(directory, &format!("{name}-dir"), &all);
         directory.create_database_with_extension(DIRECTORY_DB).await;
         let dba = directory.connect(DIRECTORY_DB).await;
         let mut started = Vec::new();
@@ -419,6 +436,27 @@ impl Topology {
             );
         }
         found
+    }
+
+    /// Runs `sql` on every shard (as the superuser), panicking with the shard's name.
+    pub async fn on_every_shard(&self, sql: &str) {
+        for (name, _) in &self.shards {
+            self.shard(name)
+                .await
+                .batch_execute(sql)
+                .await
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+    }
+
+    /// The one `bigint` that `sql` returns on `shard`.
+    pub async fn count(&self, shard: &str, sql: &str) -> i64 {
+        self.shard(shard)
+            .await
+            .query_one(sql, &[])
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .get(0)
     }
 
     /// A router over every shard, its watcher connected.

@@ -16,6 +16,7 @@ use shard_directory_protocol::EntityKey;
 
 use crate::error::Error;
 use crate::sizes::{Size, Weigh};
+use crate::way_back::{self, WayBack};
 
 /// A shard as the plans see it.
 #[derive(Debug, Clone, PartialEq)]
@@ -89,6 +90,9 @@ pub struct BatchPlan {
     /// Entities the plan would have moved but whose freeze would outlast `--max-freeze`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<Skipped>,
+    /// The shard a drain empties: its batch does not start while a way back joins it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drains: Option<String>,
 }
 
 fn by_bytes() -> Weigh {
@@ -112,6 +116,8 @@ pub struct Fleet {
     /// The shards whose entities' rows and bytes were read from the directory, as kept there
     /// (`shard_sizes`), and how old they were; the others were measured.
     pub sizes_kept: BTreeMap<String, Duration>,
+    /// The reversible moves not finished yet: no shard their ways back join is drained.
+    pub ways_back: Vec<WayBack>,
 }
 
 impl Fleet {
@@ -209,6 +215,7 @@ impl Fleet {
             shards,
             moves,
             skipped,
+            drains: None,
         }
     }
 }
@@ -247,9 +254,11 @@ fn heaviest_first(mut entities: Vec<&Placed>, by: Weigh) -> Vec<&Placed> {
 }
 
 /// Every entity of `shard` moved to the shards `to` (all others when empty), each to the one of
-/// its region that would weigh least.
+/// its region that would weigh least. Refused while a reversible move's way back joins `shard`
+/// to another shard: a drained shard is one to decommission.
 pub fn drain(fleet: &Fleet, shard: &str, to: &[String], by: Weigh) -> Result<BatchPlan, Error> {
     fleet.shard(shard)?;
+    way_back::refuse_drain(shard, &fleet.ways_back)?;
     let targets: Vec<&ShardInfo> = if to.is_empty() {
         fleet.shards.iter().filter(|s| s.name != shard).collect()
     } else {
@@ -295,7 +304,10 @@ pub fn drain(fleet: &Fleet, shard: &str, to: &[String], by: Weigh) -> Result<Bat
         moves.push(planned(e, &best.name));
     }
     let purpose = format!("drain {shard}");
-    Ok(fleet.plan(purpose, by, moves, skipped))
+    Ok(BatchPlan {
+        drains: Some(shard.to_owned()),
+        ..fleet.plan(purpose, by, moves, skipped)
+    })
 }
 
 /// About `fraction` of `shard`'s weight moved to `to`: the heaviest entities that still fit in
@@ -406,6 +418,7 @@ pub fn rebalance(
 #[cfg(test)]
 mod unit {
     use super::*;
+    use crate::phase::Phase;
 
     fn shard(name: &str, region: Option<&str>) -> ShardInfo {
         ShardInfo {
@@ -434,6 +447,7 @@ mod unit {
             entities,
             max_freeze: Duration::from_secs(10),
             sizes_kept: BTreeMap::new(),
+            ways_back: Vec::new(),
         }
     }
 
@@ -470,6 +484,46 @@ mod unit {
             refused.to_string().contains("tenant/b is in region eu"),
             "{refused}"
         );
+    }
+
+    #[test]
+    fn a_drain_is_refused_while_a_way_back_joins_the_shard() {
+        let way_back = |phase, finalizing| WayBack {
+            move_id: 7,
+            entity: EntityKey::new("tenant", "a"),
+            source: "s1".into(),
+            target: "s2".into(),
+            phase,
+            finalizing,
+        };
+        let mut fleet = fleet_of(
+            vec![shard("s1", None), shard("s2", None), shard("s3", None)],
+            vec![entity("b", "s1", None, 100)],
+        );
+        fleet.ways_back = vec![way_back(Phase::Reversible, false)];
+        for drained in ["s1", "s2"] {
+            let refused = drain(&fleet, drained, &[], Weigh::Bytes).unwrap_err();
+            let said = refused.to_string();
+            assert!(
+                said.contains("move 7 of tenant/a (s1 -> s2, reversible)"),
+                "{said}"
+            );
+            assert!(said.contains("`shard-directory finalize 7`"), "{said}");
+            assert!(said.contains("`shard-directory revert 7`"), "{said}");
+        }
+        let plan = drain(&fleet, "s3", &[], Weigh::Bytes).unwrap();
+        assert_eq!(plan.drains.as_deref(), Some("s3"));
+        // One still under way, or being finalized: what ends that is named instead.
+        fleet.ways_back = vec![way_back(Phase::Copying, false)];
+        let said = drain(&fleet, "s1", &[], Weigh::Bytes)
+            .unwrap_err()
+            .to_string();
+        assert!(said.contains("`shard-directory abort 7`"), "{said}");
+        fleet.ways_back = vec![way_back(Phase::CleaningUp, true)];
+        let said = drain(&fleet, "s1", &[], Weigh::Bytes)
+            .unwrap_err()
+            .to_string();
+        assert!(said.contains("finishes its finalize"), "{said}");
     }
 
     #[test]

@@ -9,6 +9,13 @@
 //! directory first, so a batch resumed after its runner was killed picks up where it stopped: a
 //! move already done is skipped, a move left open (to the same target) is resumed, and an entity
 //! that is no longer where the plan found it is skipped and said so.
+//!
+//! A drain is a long job: the runner waits out its directory as a move does (for
+//! `--directory-patience` from the first failure, connecting again and taking the batch's lock
+//! again), its reads going on beside the moves it runs, which wait out the directory themselves.
+//! Out of patience, or finding another runner holding the batch once the directory is back, it
+//! starts no more moves, lets those under way end, and stops, the batch left as it was for
+//! `batch resume`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -22,13 +29,16 @@ use crate::balance::{BatchPlan, Fleet, Placed, PlannedMove, ShardInfo};
 use crate::budget;
 use crate::entry;
 use crate::error::{At, Error, Failure, Place, Step};
+use crate::failpoint::point;
 use crate::mover::Mover;
 use crate::options::MoveChoices;
+use crate::patience;
 use crate::phase::Phase;
-use crate::record::MoveRecord;
+use crate::record::{self, MoveRecord};
 use crate::side::Side;
 use crate::sizes;
 use crate::status;
+use crate::way_back;
 
 /// How a plan's moves run.
 #[derive(Debug, Clone, Copy)]
@@ -46,8 +56,21 @@ pub enum Outcome {
     /// Not run, and why (already there, moved elsewhere, no entry).
     Skipped(String),
     Failed(Box<Failure>),
-    /// Not started: the batch was paused or aborted first.
+    /// Not started: the batch was paused or aborted first, or its runner stopped
+    /// ([`BatchRun::stopped`]).
     NotStarted,
+}
+
+/// What a run of a batch did.
+#[derive(Debug)]
+pub struct BatchRun {
+    /// Each planned move, and what became of it.
+    pub moves: Vec<(PlannedMove, Outcome)>,
+    /// Why the runner stopped before the batch's end, if it did: its directory did not answer
+    /// within `--directory-patience` ([`Error::BatchStopped`]), another process took the batch
+    /// while it reconnected ([`Error::BatchBusy`]), or ending the batch failed. The moves under
+    /// way were let end first; the batch is left as it was, for `batch resume`.
+    pub stopped: Option<Error>,
 }
 
 /// Class of the session advisory lock the runner of a batch holds (`pg_advisory_lock(int, int)`).
@@ -202,6 +225,7 @@ impl Mover {
             entities,
             max_freeze: self.options.max_freeze,
             sizes_kept,
+            ways_back: way_back::open(&directory).await?,
         })
     }
 
@@ -214,16 +238,22 @@ impl Mover {
         Side::connect(endpoint, None).await
     }
 
-    /// Records `plan` as a new batch, `running`, for [`Mover::resume_batch`] to run.
+    /// Records `plan` as a new batch, `running`, for [`Mover::resume_batch`] to run. A drain's
+    /// is refused, and nothing recorded, while a way back joins the shard it drains (one may
+    /// have begun since the plan was made).
     pub async fn record_batch(
         &self,
         plan: &BatchPlan,
         options: BatchOptions,
     ) -> Result<i64, Error> {
         let directory = self.connect_directory(None).await?;
+        if let Some(shard) = &plan.drains {
+            way_back::refuse_drain(shard, &way_back::open(&directory).await?)?;
+        }
         let plan_json = serde_json::to_string(plan).expect("plain data serialises");
         let choices = serde_json::to_string(&MoveChoices::from(&self.options))
             .expect("plain data serialises");
+        point!("batch.record");
         Ok(directory
             .query_one(
                 "INSERT INTO shard_directory.shard_move_batches \
@@ -242,138 +272,81 @@ impl Mover {
             .get(0))
     }
 
-    /// Runs batch `batch_id`: new, or from where it stopped (paused, or its runner killed). Its
-    /// state goes back to `running`, and each of its moves is started, resumed or skipped as the
-    /// directory says.
-    pub async fn resume_batch(&self, batch_id: i64) -> Result<Vec<(PlannedMove, Outcome)>, Error> {
-        let directory = self.connect_directory(None).await?;
-        let moved = set_state(
-            &directory,
-            batch_id,
-            BatchState::Running,
-            &["running", "paused"],
-        )
-        .await?;
-        if !moved {
-            let state = self.batch_status(batch_id).await?.state;
+    /// Runs batch `batch_id`: new, or from where it stopped (paused, or its runner killed or
+    /// stopped). Its state goes back to `running`, and each of its moves is started, resumed or
+    /// skipped as the directory says.
+    pub async fn resume_batch(&self, batch_id: i64) -> Result<BatchRun, Error> {
+        let mut session = Session::new(self, batch_id);
+        // Locked first: a runner still finishing the moves of a pause is not set going again.
+        session.lock().await?;
+        let from = &["running", "paused"];
+        let resumed = session
+            .call(async |c| set_state(c, batch_id, BatchState::Running, from).await)
+            .await?;
+        if !resumed {
+            let state = session
+                .call(async |c| read_state(c, batch_id).await)
+                .await?;
             return Err(Error::Preflight {
                 problem: format!("batch {batch_id} is {}", state.as_str()),
                 fix: "only a running or paused batch resumes; `batch status` shows its moves"
                     .into(),
             });
         }
-        self.run_batch(directory, batch_id).await
+        self.run_batch(session).await
     }
 
     /// Asks batch `batch_id`'s runner to start no more moves; the moves it runs go on to their
     /// end. Returns the batch as it stands.
     pub async fn pause_batch(&self, batch_id: i64) -> Result<BatchStatus, Error> {
-        let directory = self.connect_directory(None).await?;
-        set_state(&directory, batch_id, BatchState::Paused, &["running"]).await?;
-        self.batch_status(batch_id).await
+        let mut session = Session::new(self, batch_id);
+        session
+            .call(async |c| set_state(c, batch_id, BatchState::Paused, &["running"]).await)
+            .await?;
+        session.call(async |c| read_status(c, batch_id).await).await
     }
 
     /// Aborts batch `batch_id`: its runner, if one runs it, drops its moves; every open move of
     /// the batch that has not cut over is aborted (one past it is finished), and the batch is
     /// `aborted`. Done moves stay done.
     pub async fn abort_batch(&self, batch_id: i64) -> Result<BatchStatus, Error> {
-        let directory = self.connect_directory(None).await?;
-        set_state(
-            &directory,
-            batch_id,
-            BatchState::Aborting,
-            &["running", "paused", "aborting"],
-        )
-        .await?;
+        let mut session = Session::new(self, batch_id);
+        let from = &["running", "paused", "aborting"];
+        session
+            .call(async |c| set_state(c, batch_id, BatchState::Aborting, from).await)
+            .await?;
         // A runner that holds the batch finishes the abort itself; otherwise this process does.
-        if try_lock(&directory, batch_id).await? {
-            self.finish_abort(&directory, batch_id).await?;
-        } else {
-            for _ in 0..600 {
-                if self.batch_status(batch_id).await?.state == BatchState::Aborted {
-                    break;
+        match session.lock().await {
+            Ok(()) => self.finish_abort(&mut session).await?,
+            Err(Error::BatchBusy { .. }) => {
+                for _ in 0..600 {
+                    let state = session
+                        .call(async |c| read_state(c, batch_id).await)
+                        .await?;
+                    if state == BatchState::Aborted {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                 }
-                tokio::time::sleep(Duration::from_millis(100)).await;
             }
+            Err(e) => return Err(e),
         }
-        self.batch_status(batch_id).await
+        session.call(async |c| read_status(c, batch_id).await).await
     }
 
     /// A batch and where each of its planned moves stands.
     pub async fn batch_status(&self, batch_id: i64) -> Result<BatchStatus, Error> {
         let directory = self.connect_directory(None).await?;
-        let row = directory
-            .query_opt(
-                "SELECT purpose, plan::text, state, parallel, per_shard, started_by, started_at::text, \
-                        move_options::text \
-                 FROM shard_directory.shard_move_batches WHERE batch_id = $1",
-                &[&batch_id],
-            )
-            .await
-            .at(Step::Record, Place::Directory)?
-            .ok_or(Error::UnknownBatch(batch_id))?;
-        let plan: BatchPlan = serde_json::from_str(row.get(1)).map_err(|e| {
-            Error::Config(format!("batch {batch_id}'s plan does not read back: {e}"))
-        })?;
-        let move_options: MoveChoices = serde_json::from_str(row.get(7)).map_err(|e| {
-            Error::Config(format!(
-                "batch {batch_id}'s move_options do not read back: {e}"
-            ))
-        })?;
-        let records = directory
-            .query(
-                "SELECT DISTINCT ON (entity_type, entity_id) entity_type, entity_id, move_id, phase \
-                 FROM shard_directory.shard_moves WHERE batch_id = $1 \
-                 ORDER BY entity_type, entity_id, move_id DESC",
-                &[&batch_id],
-            )
-            .await
-            .at(Step::Record, Place::Directory)?;
-        let moves = plan
-            .moves
-            .into_iter()
-            .map(|planned| {
-                let record = records.iter().find(|r| {
-                    r.get::<_, &str>(0) == planned.entity_type
-                        && r.get::<_, &str>(1) == planned.entity_id
-                });
-                BatchMove {
-                    move_id: record.map(|r| r.get(2)),
-                    phase: record.map_or_else(|| "pending".to_owned(), |r| r.get(3)),
-                    planned,
-                }
-            })
-            .collect();
-        Ok(BatchStatus {
-            batch_id,
-            purpose: row.get(0),
-            state: BatchState::parse(row.get(2)).unwrap_or(BatchState::Running),
-            parallel: row.get(3),
-            per_shard: row.get(4),
-            move_options,
-            started_by: row.get(5),
-            started_at: row.get(6),
-            moves,
-        })
+        read_status(&directory, batch_id).await
     }
 
-    /// Runs batch `batch_id` under its lock, held on `directory` until this returns.
-    async fn run_batch(
-        &self,
-        directory: Client,
-        batch_id: i64,
-    ) -> Result<Vec<(PlannedMove, Outcome)>, Error> {
-        if !try_lock(&directory, batch_id).await? {
-            let holder = status::driver(&directory, BATCH_LOCK_CLASS, batch_id as i32)
-                .await
-                .at(Step::Record, Place::Directory)?;
-            return Err(Error::BatchBusy {
-                batch_id,
-                holder: holder
-                    .map_or_else(|| "a session that has just ended".into(), |d| d.to_string()),
-            });
-        }
-        let status = self.batch_status(batch_id).await?;
+    /// Runs the batch of `session`, whose lock it holds, until its moves have ended, it is
+    /// paused or aborted, or the runner stops.
+    async fn run_batch(&self, mut session: Session<'_>) -> Result<BatchRun, Error> {
+        let batch_id = session.batch_id;
+        let status = session
+            .call(async |c| read_status(c, batch_id).await)
+            .await?;
         let options = BatchOptions {
             parallel: status.parallel.max(1) as usize,
             per_shard: status.per_shard.max(1) as usize,
@@ -382,14 +355,20 @@ impl Mover {
         // Its moves are made as the batch began them, whatever this command was given.
         let mover = self.using(self.options.with(status.move_options));
         let mover = &mover;
-        let open = self.list(true, None).await?;
+        let open = session
+            .call(async |c| {
+                record::list(c, true, None)
+                    .await
+                    .at(Step::Record, Place::Directory)
+            })
+            .await?;
         let mut outcomes: Vec<Option<Outcome>> = moves.iter().map(|_| None).collect();
         let mut pending: Vec<(usize, Next)> = Vec::new();
         for (i, m) in moves.iter().enumerate() {
             let key = m.key();
-            let entry = entry::read(&directory, &key)
-                .await
-                .at(Step::Plan, Place::Directory)?;
+            let entry = session
+                .call(async |c| entry::read(c, &key).await.at(Step::Plan, Place::Directory))
+                .await?;
             // A move of it left open (one past its cutover has its entry on the target already,
             // its source not yet cleared) is resumed, whatever the entry says.
             let left_open = open.iter().find(|r| {
@@ -424,17 +403,24 @@ impl Mover {
         }
         let mut busy: BTreeMap<&str, usize> = BTreeMap::new();
         let mut running = FuturesUnordered::new();
+        // The session is lent to the read of the batch's state under way, which goes on while
+        // the moves are driven (an outage may hold it up to the patience), and comes back with it.
+        let mut session = Some(session);
+        let mut reading = None;
+        let (mut read_wanted, mut fresh) = (true, false);
         let mut state = BatchState::Running;
+        let mut stopped: Option<Error> = None;
         let mut poll = tokio::time::interval(STATE_POLL);
         loop {
-            // Read before starting any: a pause or an abort may have come since the last look.
-            if !pending.is_empty() && running.len() < options.parallel {
-                state = read_state(&directory, batch_id).await?;
+            if read_wanted && stopped.is_none() {
+                if let Some(s) = session.take() {
+                    reading = Some(Box::pin(s.poll()));
+                    read_wanted = false;
+                }
             }
-            if state == BatchState::Aborting {
-                break;
-            }
-            while state == BatchState::Running && running.len() < options.parallel {
+            // Started only on a state just read: a pause or an abort may have come since.
+            let may_start = std::mem::take(&mut fresh) && state == BatchState::Running;
+            while may_start && running.len() < options.parallel {
                 let free = |shard: &str| busy.get(shard).copied().unwrap_or(0) < options.per_shard;
                 let Some(at) = pending
                     .iter()
@@ -455,7 +441,9 @@ impl Mover {
                     (i, result)
                 });
             }
-            if running.is_empty() {
+            let startable =
+                stopped.is_none() && state == BatchState::Running && !pending.is_empty();
+            if running.is_empty() && reading.is_none() && !startable {
                 break;
             }
             tokio::select! {
@@ -468,71 +456,210 @@ impl Mover {
                         Ok(record) => Outcome::Moved(Box::new(record)),
                         Err(failure) => Outcome::Failed(Box::new(failure)),
                     });
+                    read_wanted = true;
                 }
-                _ = poll.tick() => {
-                    state = read_state(&directory, batch_id).await?;
+                (s, read) = async { reading.as_mut().expect("a read under way").await },
+                    if reading.is_some() =>
+                {
+                    (reading, session) = (None, Some(s));
+                    match read {
+                        Ok(now) => (state, fresh) = (now, true),
+                        Err(e) => {
+                            tracing::warn!(
+                                "batch {batch_id}: starting no more moves; waiting for the {} under \
+                                 way to stop: {e}",
+                                running.len()
+                            );
+                            stopped = Some(e);
+                        }
+                    }
                     if state == BatchState::Aborting {
                         break;
                     }
                 }
+                _ = poll.tick() => read_wanted = true,
             }
         }
+        // Only an abort leaves moves here: dropped, and undone (or finished) by `finish_abort`.
         drop(running);
-        match read_state(&directory, batch_id).await? {
-            BatchState::Aborting => self.finish_abort(&directory, batch_id).await?,
-            // A failed move leaves the batch running: `batch resume` tries it again.
-            BatchState::Running
-                if pending.is_empty()
-                    && !outcomes
-                        .iter()
-                        .any(|o| matches!(o, Some(Outcome::Failed(_)))) =>
-            {
-                set_state(&directory, batch_id, BatchState::Done, &["running"]).await?;
-            }
-            _ => {}
-        }
-        Ok(moves
+        let mut session = session.expect("no read under way");
+        let failed = outcomes
             .iter()
-            .cloned()
-            .zip(
-                outcomes
-                    .into_iter()
-                    .map(|o| o.unwrap_or(Outcome::NotStarted)),
-            )
-            .collect())
+            .any(|o| matches!(o, Some(Outcome::Failed(_))));
+        if stopped.is_none() {
+            let ended = async {
+                match session
+                    .call(async |c| read_state(c, batch_id).await)
+                    .await?
+                {
+                    BatchState::Aborting => self.finish_abort(&mut session).await?,
+                    // A failed move leaves the batch running: `batch resume` tries it again.
+                    BatchState::Running if pending.is_empty() && !failed => {
+                        session
+                            .call(async |c| {
+                                set_state(c, batch_id, BatchState::Done, &["running"]).await
+                            })
+                            .await?;
+                    }
+                    _ => {}
+                }
+                Ok::<_, Error>(())
+            };
+            stopped = ended.await.err();
+        }
+        let outcomes = outcomes
+            .into_iter()
+            .map(|o| o.unwrap_or(Outcome::NotStarted));
+        Ok(BatchRun {
+            moves: moves.into_iter().zip(outcomes).collect(),
+            stopped,
+        })
     }
 
     /// Under the batch's lock: every open move of the batch aborted (or, past its cutover,
     /// finished), then the batch `aborted`.
-    async fn finish_abort(&self, directory: &Client, batch_id: i64) -> Result<(), Error> {
-        let open = directory
-            .query(
-                "SELECT move_id, phase FROM shard_directory.shard_moves \
-                 WHERE batch_id = $1 AND finished_at IS NULL ORDER BY move_id",
-                &[&batch_id],
-            )
-            .await
-            .at(Step::Record, Place::Directory)?;
+    async fn finish_abort(&self, session: &mut Session<'_>) -> Result<(), Error> {
+        let batch_id = session.batch_id;
+        let open = session
+            .call(async |c| {
+                c.query(
+                    "SELECT move_id, phase FROM shard_directory.shard_moves \
+                     WHERE batch_id = $1 AND finished_at IS NULL ORDER BY move_id",
+                    &[&batch_id],
+                )
+                .await
+                .at(Step::Record, Place::Directory)
+            })
+            .await?;
         for row in &open {
             let (move_id, phase): (i64, &str) = (row.get(0), row.get(1));
-            let forward = Phase::parse(phase).is_some_and(|p| !p.can_abort());
-            let done = if forward {
-                self.resume(move_id).await
+            if Phase::parse(phase).is_some_and(|p| !p.can_abort()) {
+                // Waits out the directory itself.
+                self.resume(move_id).await.map_err(|f| f.error)?;
             } else {
-                self.abort(move_id).await
-            };
-            if let Err(failure) = done {
-                return Err(failure.error);
+                session
+                    .call(async |_| self.abort(move_id).await.map_err(|f| f.error))
+                    .await?;
             }
         }
-        set_state(directory, batch_id, BatchState::Aborted, &["aborting"]).await?;
+        session
+            .call(async |c| set_state(c, batch_id, BatchState::Aborted, &["aborting"]).await)
+            .await?;
         Ok(())
     }
 }
 
-/// Takes batch `batch_id`'s lock on `directory`'s session if no one holds it (waiting up to 5 s
-/// for a runner that was just killed to be noticed gone).
-async fn try_lock(directory: &Client, batch_id: i64) -> Result<bool, Error> {
+/// A batch's session on the directory. A call that finds the directory gone
+/// ([`Error::lost_directory`]) is made again, on a new session once this one is found dead, for
+/// up to `--directory-patience` from the first failure, as a move waits out its directory; a new
+/// session takes the batch's lock again if this one held it.
+struct Session<'m> {
+    mover: &'m Mover,
+    batch_id: i64,
+    client: Option<Client>,
+    /// Whether the batch's lock is held: taken again on each new session.
+    locked: bool,
+    /// The last call found the directory gone: the session is checked before it is used again.
+    suspect: bool,
+}
+
+impl<'m> Session<'m> {
+    fn new(mover: &'m Mover, batch_id: i64) -> Session<'m> {
+        Session {
+            mover,
+            batch_id,
+            client: None,
+            locked: false,
+            suspect: false,
+        }
+    }
+
+    /// `call` on the session, waiting out the directory; out of patience, `BatchStopped`.
+    async fn call<T>(
+        &mut self,
+        call: impl AsyncFn(&Client) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let (batch_id, patience) = (self.batch_id, self.mover.options.directory_patience);
+        let mut warned = false;
+        let called = patience::retry(patience, Error::lost_directory, async || {
+            let result = self.attempt(&call).await;
+            match &result {
+                Err(e) if e.lost_directory() && !std::mem::replace(&mut warned, true) => {
+                    tracing::warn!(
+                        "batch {batch_id}: the directory stopped answering ({e}); trying again \
+                         for up to {}",
+                        humantime::format_duration(patience)
+                    )
+                }
+                _ => {}
+            }
+            result
+        })
+        .await;
+        called.map_err(|e| match e.lost_directory() {
+            true => Error::BatchStopped {
+                batch_id,
+                patience,
+                cause: Box::new(e),
+            },
+            false => e,
+        })
+    }
+
+    async fn attempt<T>(
+        &mut self,
+        call: &impl AsyncFn(&Client) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        if std::mem::take(&mut self.suspect) {
+            if let Some(c) = &self.client {
+                if c.is_closed() || c.simple_query("SELECT 1").await.is_err() {
+                    // Dropped before a new session asks for the lock it may still hold.
+                    self.client = None;
+                }
+            }
+        }
+        let client = match self.client.take() {
+            Some(c) => c,
+            None => {
+                let c = self.mover.connect_directory(None).await?;
+                if self.locked {
+                    lock(&c, self.batch_id).await?;
+                }
+                c
+            }
+        };
+        let result = call(self.client.insert(client)).await;
+        self.suspect = matches!(&result, Err(e) if e.lost_directory());
+        result
+    }
+
+    /// Takes the batch's lock, held from then on (on each new session too); `BatchBusy` when
+    /// another process holds it.
+    async fn lock(&mut self) -> Result<(), Error> {
+        let batch_id = self.batch_id;
+        self.call(async |c| lock(c, batch_id).await).await?;
+        self.locked = true;
+        Ok(())
+    }
+
+    /// The batch's state, read by the runner's poll; the session handed back with it, so that
+    /// the read can go on beside the moves.
+    async fn poll(mut self) -> (Session<'m>, Result<BatchState, Error>) {
+        let batch_id = self.batch_id;
+        let read = async {
+            point!("batch.poll");
+            self.call(async |c| read_state(c, batch_id).await).await
+        };
+        let read = read.await;
+        (self, read)
+    }
+}
+
+/// Takes batch `batch_id`'s lock on `directory`'s session, or names who holds it
+/// (`BatchBusy`). A runner that was just killed may hold it until the server notices its session
+/// is gone: tried for 5 s.
+async fn lock(directory: &Client, batch_id: i64) -> Result<(), Error> {
+    point!("batch.lock");
     for _ in 0..50 {
         let locked: bool = directory
             .query_one(
@@ -543,11 +670,73 @@ async fn try_lock(directory: &Client, batch_id: i64) -> Result<bool, Error> {
             .at(Step::Record, Place::Directory)?
             .get(0);
         if locked {
-            return Ok(true);
+            return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    Ok(false)
+    let holder = status::driver(directory, BATCH_LOCK_CLASS, batch_id as i32)
+        .await
+        .at(Step::Record, Place::Directory)?;
+    Err(Error::BatchBusy {
+        batch_id,
+        holder: holder.map_or_else(|| "a session that has just ended".into(), |d| d.to_string()),
+    })
+}
+
+/// A batch and where each of its planned moves stands.
+async fn read_status(directory: &Client, batch_id: i64) -> Result<BatchStatus, Error> {
+    let row = directory
+        .query_opt(
+            "SELECT purpose, plan::text, state, parallel, per_shard, started_by, started_at::text, \
+                    move_options::text \
+             FROM shard_directory.shard_move_batches WHERE batch_id = $1",
+            &[&batch_id],
+        )
+        .await
+        .at(Step::Record, Place::Directory)?
+        .ok_or(Error::UnknownBatch(batch_id))?;
+    let plan: BatchPlan = serde_json::from_str(row.get(1))
+        .map_err(|e| Error::Config(format!("batch {batch_id}'s plan does not read back: {e}")))?;
+    let move_options: MoveChoices = serde_json::from_str(row.get(7)).map_err(|e| {
+        Error::Config(format!(
+            "batch {batch_id}'s move_options do not read back: {e}"
+        ))
+    })?;
+    let records = directory
+        .query(
+            "SELECT DISTINCT ON (entity_type, entity_id) entity_type, entity_id, move_id, phase \
+             FROM shard_directory.shard_moves WHERE batch_id = $1 \
+             ORDER BY entity_type, entity_id, move_id DESC",
+            &[&batch_id],
+        )
+        .await
+        .at(Step::Record, Place::Directory)?;
+    let moves = plan
+        .moves
+        .into_iter()
+        .map(|planned| {
+            let record = records.iter().find(|r| {
+                r.get::<_, &str>(0) == planned.entity_type
+                    && r.get::<_, &str>(1) == planned.entity_id
+            });
+            BatchMove {
+                move_id: record.map(|r| r.get(2)),
+                phase: record.map_or_else(|| "pending".to_owned(), |r| r.get(3)),
+                planned,
+            }
+        })
+        .collect();
+    Ok(BatchStatus {
+        batch_id,
+        purpose: row.get(0),
+        state: BatchState::parse(row.get(2)).unwrap_or(BatchState::Running),
+        parallel: row.get(3),
+        per_shard: row.get(4),
+        move_options,
+        started_by: row.get(5),
+        started_at: row.get(6),
+        moves,
+    })
 }
 
 async fn read_state(directory: &Client, batch_id: i64) -> Result<BatchState, Error> {
@@ -570,6 +759,7 @@ async fn set_state(
     from: &[&str],
 ) -> Result<bool, Error> {
     let finished = matches!(to, BatchState::Aborted | BatchState::Done);
+    point!("batch.state.{}", to.as_str());
     let n = directory
         .execute(
             "UPDATE shard_directory.shard_move_batches SET state = $2, updated_at = now(), \

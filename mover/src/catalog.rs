@@ -11,6 +11,7 @@ pub struct Column {
     pub name: String,
     pub quoted: String,
     pub type_name: String,
+    pub not_null: bool,
 }
 
 /// A foreign key of an entity table (declared on it, not the copies PostgreSQL makes on
@@ -85,7 +86,35 @@ pub struct EntityTable {
     pub foreign_keys: Vec<ForeignKey>,
 }
 
-const DESCRIBE: &str = r#"
+/// The stored columns (not generated) of the table `c`, in table order: a JSON array of
+/// [`Column`]s. Shared by [`DESCRIBE`] and the schema check (`schema.rs`), which compares them.
+macro_rules! columns_json {
+    () => {
+        r#"(SELECT coalesce(json_agg(json_build_object(
+                     'name', a.attname, 'quoted', quote_ident(a.attname),
+                     'type_name', format_type(a.atttypid, a.atttypmod),
+                     'not_null', a.attnotnull) ORDER BY a.attnum), '[]')
+            FROM pg_attribute a
+           WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+             AND a.attgenerated = '')"#
+    };
+}
+pub(crate) use columns_json;
+
+/// The primary key columns of the table `c`, quoted, in key order: a JSON array.
+macro_rules! primary_key_json {
+    () => {
+        r#"(SELECT coalesce(json_agg(quote_ident(a.attname) ORDER BY x.ord), '[]')
+            FROM pg_index i
+            CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS x(attnum, ord)
+            JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = x.attnum
+           WHERE i.indrelid = c.oid AND i.indisprimary)"#
+    };
+}
+pub(crate) use primary_key_json;
+
+const DESCRIBE: &str = concat!(
+    r#"
 SELECT coalesce(json_agg(t ORDER BY t.name), '[]')::text FROM (
   SELECT format('%s.%s', n.nspname, c.relname) AS name,
          format('%I.%I', n.nspname, c.relname) AS quoted,
@@ -96,17 +125,12 @@ SELECT coalesce(json_agg(t ORDER BY t.name), '[]')::text FROM (
          EXISTS (SELECT 1 FROM pg_index i
                   WHERE i.indrelid = c.oid AND i.indkey[0] = k.attnum AND i.indpred IS NULL)
            AS key_indexed,
-         (SELECT coalesce(json_agg(json_build_object(
-                     'name', a.attname, 'quoted', quote_ident(a.attname),
-                     'type_name', format_type(a.atttypid, a.atttypmod)) ORDER BY a.attnum), '[]')
-            FROM pg_attribute a
-           WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-             AND a.attgenerated = '') AS columns,
-         (SELECT coalesce(json_agg(quote_ident(a.attname) ORDER BY x.ord), '[]')
-            FROM pg_index i
-            CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS x(attnum, ord)
-            JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = x.attnum
-           WHERE i.indrelid = c.oid AND i.indisprimary) AS primary_key,
+         "#,
+    columns_json!(),
+    r#" AS columns,
+         "#,
+    primary_key_json!(),
+    r#" AS primary_key,
          (SELECT coalesce(json_agg(json_build_object(
                      'name', format('%s.%s', ln.nspname, l.relname),
                      'usable_index',
@@ -198,7 +222,8 @@ SELECT coalesce(json_agg(t ORDER BY t.name), '[]')::text FROM (
     JOIN pg_attribute k ON k.attrelid = c.oid AND k.attname = p.key_column
    WHERE p.entity_type = $1
 ) t
-"#;
+"#
+);
 
 /// The tables protected for `entity_type` on this shard, parents before the tables that
 /// reference them (the order to insert in; deletes go the other way).

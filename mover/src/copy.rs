@@ -4,6 +4,9 @@
 //! the entity is frozen, as fast as it goes; method `logical` so when asked to pace its initial
 //! copy (`initial_copy`).
 //!
+//! The copy does not run the rows through the target's own triggers (`triggers`), as logical
+//! apply does not: where one would fire, it runs as `session_replication_role = replica`.
+//!
 //! Binary where it is sure to read back the same ([`EntityTable::binary_copy`]: between majors
 //! only for PostgreSQL's own types), text otherwise: the mover's sessions pin every setting that
 //! shapes a value's text (`registry`), so text reads back the same on any shard.
@@ -14,7 +17,9 @@ use tokio_postgres::{Client, IsolationLevel, Transaction};
 
 use crate::catalog::{BinaryCopy, EntityTable};
 use crate::error::{At, Error, Place, Step};
+use crate::failpoint::point;
 use crate::fence;
+use crate::triggers;
 
 /// What a copy does between its rows: reports them, and waits when told to go slower.
 pub(crate) trait Pace {
@@ -78,7 +83,14 @@ pub(crate) async fn copy_rows(
         .await
         .at(step, source_name)?
         .get(0);
+    let replica = triggers::copy_as_replica(target, target_name, tables, step).await?;
     let write = target.transaction().await.at(step, target_name)?;
+    if replica {
+        write
+            .batch_execute("SET LOCAL session_replication_role = replica")
+            .await
+            .at(step, target_name)?;
+    }
     let target_major: i32 = write
         .query_one(major, &[])
         .await
@@ -98,6 +110,7 @@ pub(crate) async fn copy_rows(
     }
     let every = pace.every();
     for t in tables {
+        point!("copy.table.{:?}", step);
         let columns = t.column_list();
         let format = match t.binary_copy {
             BinaryCopy::AnyMajor => "binary",
@@ -139,5 +152,6 @@ pub(crate) async fn copy_rows(
             .at(step, at_table(target_name, t))?;
         pace.after(&t.name, rows, rows.saturating_sub(done)).await?;
     }
+    point!("copy.commit.{:?}", step);
     write.commit().await.at(step, target_name)
 }

@@ -150,6 +150,33 @@ pub enum Error {
         referenced: String,
         rows: Vec<String>,
     },
+    /// DDL on the entity's tables during the move (`schema.rs`): logical apply would stop, or the
+    /// copies drift, so the move stops before its cutover, resumable.
+    #[error(
+        "{step}: the tables of {entity} changed during the move: {}; the move stops before its \
+         cutover rather than carry rows its copy and its checks no longer describe\n  \
+         fix: {}; then resume",
+        .changes.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "),
+        .changes.iter().map(|c| c.fix.as_str()).collect::<Vec<_>>().join("; ")
+    )]
+    SchemaChanged {
+        step: Step,
+        entity: shard_directory_protocol::EntityKey,
+        changes: Vec<crate::schema::SchemaChange>,
+    },
+    /// A drain of a shard that a reversible move's way back joins to another (`way_back.rs`).
+    #[error(
+        "drain: shard {shard} is joined to another shard by the way back of {}: drained and then \
+         decommissioned, it would leave the way back's slot keeping WAL without bound, and the \
+         move could be neither reverted nor finalized; nothing was planned or recorded\n  \
+         fix: {}; then drain {shard}",
+        .moves.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+        .moves.iter().map(crate::way_back::WayBack::fix).collect::<Vec<_>>().join("; ")
+    )]
+    WayBackJoins {
+        shard: String,
+        moves: Vec<crate::way_back::WayBack>,
+    },
     /// Catch-up and verification did not finish within `--max-freeze`.
     #[error("{step}: the freeze exceeded --max-freeze ({})", humantime::format_duration(*.limit))]
     FreezeExceeded { step: Step, limit: Duration },
@@ -203,6 +230,21 @@ pub enum Error {
          (`batch pause {batch_id}` or `batch abort {batch_id}` reach it from here)"
     )]
     BatchBusy { batch_id: i64, holder: String },
+    /// The directory did not answer a batch's command within its patience; a runner stops so
+    /// only once the moves it ran have stopped (each waits out the directory itself).
+    #[error(
+        "batch {batch_id}: the directory did not answer within --directory-patience ({}): \
+         {cause}; the batch is left as it was (a runner starts no more moves and stops once \
+         those under way have stopped)\n  fix: once the directory answers, `shard-directory \
+         batch status {batch_id}` shows where each move stands and `shard-directory batch \
+         resume {batch_id}` goes on",
+        humantime::format_duration(*.patience)
+    )]
+    BatchStopped {
+        batch_id: i64,
+        patience: Duration,
+        cause: Box<Error>,
+    },
     #[error("no batch {0} in shard_directory.shard_move_batches")]
     UnknownBatch(i64),
     /// The freeze's lease ran out before the cutover: the entity may already have been
@@ -256,6 +298,10 @@ pub enum Error {
     },
     #[error("no move with id {0} in shard_directory.shard_moves")]
     UnknownMove(i64),
+    /// A failpoint's injected error (the cargo feature `failpoints`, for the sweep).
+    #[cfg(feature = "failpoints")]
+    #[error("failpoint {point}: injected error")]
+    Injected { point: String },
     /// Bad configuration: a connection string, the TOML file.
     #[error("configuration: {0}")]
     Config(String),
@@ -336,16 +382,14 @@ pub struct Failure {
 }
 
 impl Error {
-    /// Whether the directory stopped answering: the connection closed or refused, the server
-    /// shutting down or not yet accepting, or a standby reached instead of the primary.
-    pub(crate) fn lost_directory(&self) -> bool {
-        let Error::Db {
-            place: Place::Directory,
-            source,
-            ..
-        } = self
-        else {
-            return false;
+    /// Whether a connection was lost: closed or refused, the server shutting down, restarting or
+    /// not yet accepting, the session ended; or, for the directory, a standby reached instead of
+    /// the primary. A shard that could not be reached at all counts too.
+    pub(crate) fn lost_connection(&self) -> bool {
+        let (place, source) = match self {
+            Error::Db { place, source, .. } => (place, source),
+            Error::Unreachable { .. } => return true,
+            _ => return false,
         };
         source.is_closed()
             || source.code().is_none_or(|code| {
@@ -353,10 +397,21 @@ impl Error {
                     SqlState::ADMIN_SHUTDOWN,
                     SqlState::CRASH_SHUTDOWN,
                     SqlState::CANNOT_CONNECT_NOW,
-                    SqlState::READ_ONLY_SQL_TRANSACTION,
                 ]
                 .contains(code)
+                    || (*place == Place::Directory && *code == SqlState::READ_ONLY_SQL_TRANSACTION)
             })
+    }
+
+    /// Whether the directory stopped answering ([`Error::lost_connection`] there).
+    pub(crate) fn lost_directory(&self) -> bool {
+        matches!(
+            self,
+            Error::Db {
+                place: Place::Directory,
+                ..
+            }
+        ) && self.lost_connection()
     }
 }
 

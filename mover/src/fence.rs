@@ -16,6 +16,8 @@ pub enum Fence {
         min_version: i64,
     },
     Frozen,
+    /// Its cutover is being committed: reads are refused too (`fence_cutover`, with a lease).
+    Cutover,
     Moved {
         moved_to: String,
         version: i64,
@@ -28,6 +30,7 @@ impl std::fmt::Display for Fence {
             Fence::None => f.write_str("no fence"),
             Fence::Owned { min_version } => write!(f, "owned (min_version {min_version})"),
             Fence::Frozen => f.write_str("frozen"),
+            Fence::Cutover => f.write_str("cutover (reads refused too)"),
             Fence::Moved { moved_to, version } => {
                 write!(f, "moved to {moved_to} at version {version}")
             }
@@ -47,6 +50,7 @@ pub(crate) async fn read(client: &Client, key: &EntityKey) -> Result<Fence, toki
         None => Fence::None,
         Some(r) => match r.get::<_, &str>(0) {
             "frozen" => Fence::Frozen,
+            "cutover" => Fence::Cutover,
             "moved" => Fence::Moved {
                 moved_to: r.get(2),
                 version: r.get(1),
@@ -58,6 +62,17 @@ pub(crate) async fn read(client: &Client, key: &EntityKey) -> Result<Fence, toki
     })
 }
 
+/// `SELECT shard_directory.<call>`, its lock waits bounded as its wait for checked transactions
+/// is (`shard_directory.fence_wait_timeout`): a fence change queued behind a table lock (a
+/// maintenance `REINDEX`, say) gives up with 55P03 too, and is tried again by [`patiently`].
+fn bounded(call: &str) -> String {
+    format!(
+        "SELECT set_config('lock_timeout', \
+                coalesce(current_setting('shard_directory.fence_wait_timeout', true), '2s'), true), \
+                shard_directory.{call}"
+    )
+}
+
 /// Makes the entity's fence `fence`. Fencing waits for the entity's checked transactions in
 /// flight; once it returns, no checked write of the entity commits here against the old fence.
 pub(crate) async fn set(
@@ -67,28 +82,22 @@ pub(crate) async fn set(
 ) -> Result<(), tokio_postgres::Error> {
     let (t, id) = (&key.entity_type, &key.entity_id);
     match fence {
-        Fence::None => {
-            client
-                .execute("SELECT shard_directory.unfence($1, $2)", &[t, id])
-                .await
-        }
+        Fence::None => client.execute(&bounded("unfence($1, $2)"), &[t, id]).await,
         Fence::Owned { min_version } => {
             client
-                .execute(
-                    "SELECT shard_directory.fence_owned($1, $2, $3)",
-                    &[t, id, min_version],
-                )
+                .execute(&bounded("fence_owned($1, $2, $3)"), &[t, id, min_version])
                 .await
         }
-        Fence::Frozen => {
+        // A cutover fence is only ever set with its lease (`cutover`); put back, it is frozen.
+        Fence::Frozen | Fence::Cutover => {
             client
-                .execute("SELECT shard_directory.fence_frozen($1, $2)", &[t, id])
+                .execute(&bounded("fence_frozen($1, $2)"), &[t, id])
                 .await
         }
         Fence::Moved { moved_to, version } => {
             client
                 .execute(
-                    "SELECT shard_directory.fence_moved($1, $2, $3, $4)",
+                    &bounded("fence_moved($1, $2, $3, $4)"),
                     &[t, id, moved_to, version],
                 )
                 .await
@@ -109,7 +118,7 @@ pub(crate) async fn freeze_leased(
 ) -> Result<(), tokio_postgres::Error> {
     client
         .execute(
-            "SELECT shard_directory.fence_frozen($1, $2, make_interval(secs => $3), $4)",
+            &bounded("fence_frozen($1, $2, make_interval(secs => $3), $4)"),
             &[
                 &key.entity_type,
                 &key.entity_id,
@@ -119,6 +128,44 @@ pub(crate) async fn freeze_leased(
         )
         .await
         .map(|_| ())
+}
+
+/// The source's fence for the cutover (`fence_cutover`): reads refused too, for `lease`, then
+/// clients at `cutover_version` and above only. Set while the directory holds its version lock
+/// for the cutover, so it waits at most `wait` for the shard's checked transactions in flight or
+/// a lock (55P03 past it, and the cutover is tried again), and runs no longer than three times
+/// that (a silent network is the caller's to bound).
+pub(crate) async fn cutover(
+    client: &mut Client,
+    key: &EntityKey,
+    lease: std::time::Duration,
+    cutover_version: i64,
+    wait: std::time::Duration,
+) -> Result<(), tokio_postgres::Error> {
+    let tx = client.transaction().await?;
+    // A statement that waited `wait` for one lock gives up with 55P03 (tried again); one that
+    // runs on past three times that is cancelled (57014, and the move is undone).
+    let (wait, limit) = (
+        format!("{}ms", wait.as_millis().max(1)),
+        format!("{}ms", (wait * 3).as_millis().max(1)),
+    );
+    tx.execute(
+        "SELECT set_config('shard_directory.fence_wait_timeout', $1, true), \
+                set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true)",
+        &[&wait, &limit],
+    )
+    .await?;
+    tx.execute(
+        "SELECT shard_directory.fence_cutover($1, $2, make_interval(secs => $3), $4)",
+        &[
+            &key.entity_type,
+            &key.entity_id,
+            &lease.as_secs_f64(),
+            &cutover_version,
+        ],
+    )
+    .await?;
+    tx.commit().await
 }
 
 /// The checked transactions idle on the shard (or open for over a second), named (pid, state,

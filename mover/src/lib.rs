@@ -31,11 +31,15 @@
 //!   `registry` (where the shards are);
 //! - `run` (one process driving one move, phase by phase): `record` (`shard_moves`), `phase`,
 //!   `entry` (the directory entry), `side` (one shard), `fence`, `logical` and `copy` (the two
-//!   methods), `verify` (online, then under the freeze only what `tracking` saw change, read from
-//!   `pgoutput` streams), `sequences`, `purge` (the source's rows deleted, paced by `throttle`);
+//!   methods; `triggers`: the target's own, which the copy does not fire), `verify` (online,
+//!   then under the freeze only what `tracking` saw change, read from `pgoutput` streams),
+//!   `schema` (DDL on the entity's tables during the move), `sequences`, `purge` (the source's
+//!   rows deleted, paced by `throttle`);
 //! - many moves: `sizes` (each entity's rows, bytes and load on its shard), `budget` (the
 //!   freeze a move of each would take), `balance` (plans that drain, split or rebalance shards,
 //!   keeping every move within `--max-freeze`) and `batch` (a plan run, several moves at once);
+//! - `way_back` (a reversible move's way back: what it keeps a drain from, and a finalize
+//!   without its source);
 //! - `status` (who drives a move, what its slot keeps), `reconcile` (rows on a shard the
 //!   directory does not name), `observer` (what a move reports) and `telemetry` (the same, as
 //!   metrics), `error`.
@@ -48,6 +52,7 @@ mod copy;
 mod coverage;
 mod entry;
 mod error;
+mod failpoint;
 mod fence;
 mod initial_copy;
 mod integrity;
@@ -67,6 +72,7 @@ mod record;
 mod registry;
 mod relay;
 mod run;
+mod schema;
 mod sequences;
 mod side;
 mod sizes;
@@ -75,12 +81,14 @@ mod tablesync;
 mod telemetry;
 mod throttle;
 mod tracking;
+mod triggers;
 mod verify;
+mod way_back;
 
 pub use balance::{
     drain, rebalance, split, BatchPlan, Fleet, Placed, PlannedMove, ShardInfo, Skipped, Totals,
 };
-pub use batch::{BatchMove, BatchOptions, BatchState, BatchStatus, Outcome};
+pub use batch::{BatchMove, BatchOptions, BatchRun, BatchState, BatchStatus, Outcome};
 pub use entry::{HistoryRow, Placement};
 pub use error::{Error, Failure, Left, Place, Step};
 pub use fence::Fence;
@@ -93,7 +101,9 @@ pub use reconcile::Stray;
 pub use record::{Method, MoveRecord, TableProgress};
 pub use registry::{with_password, Endpoint, Overrides, ShardOverride};
 pub use relay::{relay, RelayOptions, RELAY_APPLICATION_NAME};
+pub use schema::SchemaChange;
 /// The protocol's key and state, as the mover's API takes and returns them.
 pub use shard_directory_protocol::{EntityKey, State};
 pub use sizes::{Size, Weigh};
 pub use status::{Driver, MoveStatus, Slot};
+pub use way_back::WayBack;

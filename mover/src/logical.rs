@@ -114,9 +114,7 @@ pub(crate) async fn ensure_publication(
     entity_id: &str,
     signature: &str,
 ) -> Result<(), Trouble> {
-    let describe =
-        "SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1";
-    if adoptable(source, describe, "publication", name, signature).await? {
+    if adoptable(source, DESCRIBE_PUBLICATION, "publication", name, signature).await? {
         return Ok(());
     }
     create_publication(source, name, tables, entity_id, Publish::Move(signature)).await?;
@@ -241,10 +239,24 @@ pub(crate) enum Begin {
 }
 
 /// The COMMENT of a subscription, by its name (`$1`), in this database.
+const DESCRIBE_PUBLICATION: &str =
+    "SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1";
+
 const DESCRIBE_SUBSCRIPTION: &str =
     "SELECT obj_description(oid, 'pg_subscription') FROM pg_subscription \
      WHERE subname = $1 \
        AND subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())";
+
+/// What the publication `name` says about itself, if it exists.
+pub(crate) async fn publication_comment(
+    source: &Client,
+    name: &str,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    Ok(source
+        .query_opt(DESCRIBE_PUBLICATION, &[&name])
+        .await?
+        .and_then(|r| r.get(0)))
+}
 
 /// What the subscription `name` says about itself, if it exists.
 pub(crate) async fn subscription_comment(

@@ -5,11 +5,11 @@
 //! Order of a move (DESIGN.md, "Moves"): `begin_move` -> copy (and stream) -> lag small -> fence
 //! `frozen` on the source and `freeze` the entry -> source WAL position taken after the fence
 //! commits -> target confirmed past it -> verify -> sequences -> target fenced `owned` ->
-//! `complete_move` (the point of no return) -> source fenced `moved` -> replication objects
-//! dropped -> source rows deleted.
+//! `complete_move` with the source fenced `cutover` inside its directory transaction (the point
+//! of no return) -> source fenced `moved` -> replication objects dropped -> source rows deleted.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use shard_directory_protocol::EntityKey;
@@ -19,6 +19,7 @@ use tokio_postgres::{Client, Config};
 use crate::catalog;
 use crate::entry::{self, HistoryRow, Placement};
 use crate::error::{At, Error, Failure, Place, Step};
+use crate::failpoint::point;
 use crate::logical;
 use crate::observer::{LogObserver, Observer};
 use crate::options::MoveOptions;
@@ -44,6 +45,10 @@ pub struct Mover {
     pub(crate) overrides: Overrides,
     pub(crate) options: MoveOptions,
     pub(crate) observer: Arc<dyn Observer>,
+    /// The directory session (backend pid) that took each move's lock in this process: after a
+    /// network blip the server may keep that session, and the lock, until it notices the client
+    /// is gone; a run of this process ends it rather than waiting for it.
+    held: Arc<Mutex<BTreeMap<i64, i32>>>,
 }
 
 impl Mover {
@@ -55,6 +60,7 @@ impl Mover {
             overrides,
             options,
             observer: Arc::new(Metered::new(Arc::new(LogObserver))),
+            held: Arc::default(),
         }
     }
 
@@ -65,6 +71,7 @@ impl Mover {
             overrides: self.overrides.clone(),
             options,
             observer: self.observer.clone(),
+            held: self.held.clone(),
         }
     }
 
@@ -163,7 +170,8 @@ impl Mover {
 
     /// Moves the entity of reversible move `move_id` back to where it came from: a move the
     /// other way whose replication is the way back, so it copies nothing and freezes only for
-    /// its catch-up and check. Aborted, it leaves the move reversible as it was.
+    /// its catch-up and check, within the move's own `max_freeze`. Aborted, it leaves the move
+    /// reversible as it was.
     pub async fn revert(&self, move_id: i64) -> Result<MoveRecord, Failure> {
         let directory = self
             .connect_directory(None)
@@ -177,10 +185,12 @@ impl Mover {
         let checked = crate::preflight::revert(&directory, &self.overrides, &reversible)
             .await
             .map_err(Failure::untouched)?;
+        // The way back is bounded as the move was: its freeze by the move's `--max-freeze`.
         let options = MoveOptions {
             reversible: false,
             reversible_for: None,
             keep_source: false,
+            max_freeze: Duration::from_millis(reversible.max_freeze_ms.max(0) as u64),
             ..self.options.clone()
         };
         let ran = self
@@ -217,7 +227,11 @@ impl Mover {
                 ),
             }));
         }
-        match record::finalize(&directory, move_id).await {
+        let finalized = async {
+            point!("finalize.record");
+            Ok::<_, Error>(record::finalize(&directory, move_id).await)
+        };
+        match finalized.await.map_err(Failure::untouched)? {
             Ok(true) => {}
             Ok(false) => {
                 let record = self.status(move_id).await.map_err(Failure::untouched)?;
@@ -247,8 +261,13 @@ impl Mover {
                 }))
             }
         }
+        // A source that is gone keeps no finalize from releasing the target's WAL.
+        let gone = self.source_gone(&directory, move_id).await;
         drop(directory);
-        self.resume(move_id).await
+        match gone.map_err(|e| not_opened(move_id, e))? {
+            Some(why) => self.finalize_without_source(move_id, why).await,
+            None => self.resume(move_id).await,
+        }
     }
 
     /// Finalizes every reversible move whose `--reversible-for` has run out; each one's outcome.
@@ -292,6 +311,9 @@ impl Mover {
         .await
         .map_err(Failure::untouched)?;
         let begun = Some(Phase::Migrating);
+        self.locked(&directory, move_id)
+            .await
+            .map_err(|e| stopped(move_id, e, begun))?;
         let record = record::load(&directory, move_id)
             .await
             .at(Step::Record, Place::Directory)
@@ -310,17 +332,9 @@ impl Mover {
             self.observer.note(move_id, &format!("warning: {warning}"));
         }
         self.observer.phase(move_id, record.phase).await;
-        Run::new(
-            options,
-            self.observer.clone(),
-            directory,
-            record,
-            source,
-            Ok(target),
-            tables,
-        )
-        .drive()
-        .await
+        Run::new(self, options, directory, record, source, Ok(target), tables)
+            .drive()
+            .await
     }
 
     /// Continues move `move_id` from where its record and the real state say it is.
@@ -341,8 +355,16 @@ impl Mover {
         let patience = self.options.directory_patience;
         let mut outage: Option<(Option<Phase>, Patience)> = None;
         loop {
+            // Busy while resuming after an outage: the lock may still be held by a session the
+            // server has not yet found gone (not this process's: `lock_move` ends those).
             let failure = match ran {
-                Err(failure) if failure.lost_directory() && !patience.is_zero() => failure,
+                Err(failure)
+                    if !patience.is_zero()
+                        && (failure.lost_directory()
+                            || outage.is_some() && matches!(failure.error, Error::Busy { .. })) =>
+                {
+                    failure
+                }
                 done => return done,
             };
             let move_id = failure.move_id.expect("a lost directory names its move");
@@ -376,17 +398,7 @@ impl Mover {
             .open(move_id)
             .await
             .map_err(|e| not_opened(move_id, e))?;
-        if run.record.phase == Phase::Aborted {
-            return Err(stopped(
-                move_id,
-                Error::State {
-                    move_id,
-                    phase: run.record.phase,
-                    why: "the move was aborted; start a new one".into(),
-                },
-                Some(Phase::Aborted),
-            ));
-        }
+        // An aborted move is reported as the failure it is (`Left::Aborted`).
         run.drive().await
     }
 
@@ -437,34 +449,7 @@ impl Mover {
                 why: format!("the move is {}", record.phase),
             });
         }
-        // A run that just crashed may hold the lock until the server notices its session is gone.
-        let mut locked = false;
-        for _ in 0..50 {
-            locked = directory
-                .query_one(
-                    "SELECT pg_try_advisory_lock($1, $2)",
-                    &[&MOVE_LOCK_CLASS, &lock_key(move_id)],
-                )
-                .await
-                .at(Step::Record, Place::Directory)?
-                .get(0);
-            if locked {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        if !locked {
-            let holder = status::driver(&directory, MOVE_LOCK_CLASS, lock_key(move_id))
-                .await
-                .at(Step::Record, Place::Directory)?;
-            return Err(Error::Busy {
-                move_id,
-                holder: holder.map_or_else(
-                    || "a session that has just ended".to_owned(),
-                    |d| d.to_string(),
-                ),
-            });
-        }
+        self.lock_move(&directory, move_id).await?;
         // Read again under the lock: the run that held it may have moved the phase on.
         let record = record::load(&directory, move_id)
             .await
@@ -483,14 +468,73 @@ impl Mover {
             .await
             .at(Step::Preflight, source.name())?;
         Ok(Run::new(
+            self,
             &self.options,
-            self.observer.clone(),
             directory,
             record,
             source,
             target,
             tables,
         ))
+    }
+
+    /// Takes move `move_id`'s lock on `directory`'s session, or names who holds it. A run that
+    /// just crashed may hold it until the server notices its session is gone: tried for 5 s. A
+    /// session of this process that took it before (its connection lost while the server kept
+    /// it) is ended at once.
+    pub(crate) async fn lock_move(&self, directory: &Client, move_id: i64) -> Result<(), Error> {
+        let at = |e| Error::Db {
+            step: Step::Record,
+            place: Place::Directory,
+            source: e,
+        };
+        let key = lock_key(move_id);
+        for _ in 0..50 {
+            let locked: bool = directory
+                .query_one(
+                    "SELECT pg_try_advisory_lock($1, $2)",
+                    &[&MOVE_LOCK_CLASS, &key],
+                )
+                .await
+                .map_err(at)?
+                .get(0);
+            if locked {
+                return self.locked(directory, move_id).await;
+            }
+            let holder = status::driver(directory, MOVE_LOCK_CLASS, key)
+                .await
+                .map_err(at)?;
+            let ours = self.held.lock().expect("held").get(&move_id).copied();
+            if let Some(pid) = holder.as_ref().map(|h| h.pid).filter(|p| Some(*p) == ours) {
+                directory
+                    .execute("SELECT pg_terminate_backend($1, 5000)", &[&pid])
+                    .await
+                    .map_err(at)?;
+                continue;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let holder = status::driver(directory, MOVE_LOCK_CLASS, key)
+            .await
+            .map_err(at)?;
+        Err(Error::Busy {
+            move_id,
+            holder: holder.map_or_else(
+                || "a session that has just ended".to_owned(),
+                |d| d.to_string(),
+            ),
+        })
+    }
+
+    /// Remembers that `directory`'s session holds move `move_id`'s lock.
+    pub(crate) async fn locked(&self, directory: &Client, move_id: i64) -> Result<(), Error> {
+        let pid: i32 = directory
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .at(Step::Record, Place::Directory)?
+            .get(0);
+        self.held.lock().expect("held").insert(move_id, pid);
+        Ok(())
     }
 
     /// Runs one read on a new directory connection.
@@ -641,6 +685,13 @@ impl Mover {
         let version = entry::current_version(&directory)
             .await
             .at(Step::DeleteSource, Place::Directory)?;
+        let replica = crate::triggers::delete_as_replica(
+            &source.client,
+            &source.endpoint.name,
+            &tables,
+            Step::DeleteSource,
+        )
+        .await;
         let progress = &mut record.tables;
         crate::purge::delete_rows(
             (&mut source.client, &source.endpoint.name),
@@ -649,6 +700,7 @@ impl Mover {
             version,
             &mut self.options.throttle(),
             Step::DeleteSource,
+            replica,
             |table, deleted| {
                 if let Some(p) = progress.get_mut(table) {
                     p.deleted = deleted as i64;
@@ -874,13 +926,14 @@ async fn begin(
     )
     .await
     .map_err(at)?;
+    point!("begin");
     tx.commit().await.map_err(at)?;
     Ok(move_id)
 }
 
 /// A move that could not be opened is as it was: a finished or unknown one needs nothing, any
 /// other stays resumable.
-fn not_opened(move_id: i64, error: Error) -> Failure {
+pub(crate) fn not_opened(move_id: i64, error: Error) -> Failure {
     match &error {
         Error::UnknownMove(_) => Failure::untouched(error),
         Error::State { phase, .. } if phase.is_finished() => Failure {

@@ -71,7 +71,7 @@ pub struct MoveOptions {
     pub sizes_max_age: Duration,
     /// How long a move whose directory stopped answering (its server crashed, or failed over to
     /// a standby that a multi-host conninfo finds) keeps trying to reach it again, then goes on
-    /// from its record; `ZERO`: it stops at once, resumable.
+    /// from its record; `ZERO`: it stops at once, resumable. A batch's runner waits as long.
     pub directory_patience: Duration,
 }
 

@@ -1,5 +1,6 @@
 //! Trying again within a patience: pauses of 100 ms, doubling up to 2 s, until a deadline. The
-//! fence changes wait this way for checked transactions, and moves for their directory.
+//! fence changes wait this way for checked transactions, and moves and batches for their
+//! directory.
 
 use std::time::Duration;
 
@@ -36,6 +37,26 @@ impl Patience {
     }
 }
 
+/// Runs `attempt` until it succeeds or fails with an error `passing` does not accept; a passing
+/// error is tried again after a pause, for up to `patience` from the first one, and then returned.
+pub(crate) async fn retry<T, E>(
+    patience: Duration,
+    passing: impl Fn(&E) -> bool,
+    mut attempt: impl AsyncFnMut() -> Result<T, E>,
+) -> Result<T, E> {
+    let mut waiting: Option<Patience> = None;
+    loop {
+        let error = match attempt().await {
+            Err(e) if passing(&e) => e,
+            done => return done,
+        };
+        let waiting = waiting.get_or_insert_with(|| Patience::new(patience));
+        if !waiting.pause().await {
+            return Err(error);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -57,5 +78,51 @@ mod tests {
         assert_eq!((tokio::time::Instant::now() - started).as_millis(), 5_000);
         assert!(!Patience::new(Duration::from_millis(100)).fits());
         assert!(Patience::new(Duration::from_millis(101)).fits());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_tries_again_while_passing_and_for_the_patience_from_the_first_failure() {
+        let started = tokio::time::Instant::now();
+        let mut tries = 0;
+        // Fails twice passing, then succeeds.
+        let done: Result<u32, &str> = retry(
+            Duration::from_secs(1),
+            |e| *e == "lost",
+            async || {
+                tries += 1;
+                if tries < 3 {
+                    Err("lost")
+                } else {
+                    Ok(tries)
+                }
+            },
+        )
+        .await;
+        assert_eq!(done, Ok(3));
+        assert_eq!((tokio::time::Instant::now() - started).as_millis(), 300);
+        // Another error is returned at once.
+        let other: Result<(), &str> = retry(
+            Duration::from_secs(1),
+            |e| *e == "lost",
+            async || Err("other"),
+        )
+        .await;
+        assert_eq!(other, Err("other"));
+        // The patience counts from the first failure, not from the call.
+        let started = tokio::time::Instant::now();
+        let mut first = true;
+        let given_up: Result<(), &str> = retry(
+            Duration::from_secs(1),
+            |_| true,
+            async || {
+                if std::mem::replace(&mut first, false) {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                }
+                Err("lost")
+            },
+        )
+        .await;
+        assert_eq!(given_up, Err("lost"));
+        assert_eq!((tokio::time::Instant::now() - started).as_millis(), 6_000);
     }
 }

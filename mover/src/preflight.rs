@@ -1,7 +1,7 @@
 //! What `start` checks before it changes anything: the entry, both shards in the registry, the
 //! method the source allows, the entity's tables on both sides (columns, types, replica
-//! identity), no rows of the entity on the target yet, fences a move can start from. Each refusal
-//! names the table or shard and the fix.
+//! identity), the target's triggers a copy would skip, no rows of the entity on the target yet,
+//! fences a move can start from. Each refusal names the table or shard and the fix.
 
 use std::fmt;
 use std::time::Duration;
@@ -22,6 +22,7 @@ use crate::record::Method;
 use crate::registry::{self, Overrides};
 use crate::sequences;
 use crate::side::Side;
+use crate::triggers;
 
 /// What a move would do, as preflight found it (`--dry-run`).
 #[derive(Debug, Clone)]
@@ -174,7 +175,11 @@ pub(crate) async fn preflight(
         &options.unrelated_tables,
     )
     .await?;
-    sequences::check_target(&target.client, g, &tables).await?;
+    sequences::check_target((&source.client, s), (&target.client, g), &tables).await?;
+    if method == Method::Copy || options.throttle().paces() {
+        // The mover's own copy writes the rows (the logical method's, when paced).
+        triggers::copy_as_replica(&target.client, g, &tables, Step::Preflight).await?;
+    }
     integrity::check_crossings(&source.client, s, &tables, key, Step::Preflight).await?;
     no_rows_on_target(&target, &tables, key).await?;
     let (source_fence, target_fence) = startable_fences(&source, &target, key).await?;

@@ -14,6 +14,7 @@ const SHARD_FUNCTIONS: &[&str] = &[
     "shard_directory.fence_owned(text, text, bigint)",
     "shard_directory.fence_frozen(text, text)",
     "shard_directory.fence_frozen(text, text, interval, bigint)",
+    "shard_directory.fence_cutover(text, text, interval, bigint)",
     "shard_directory.fence_moved(text, text, text, bigint)",
     "shard_directory.unfence(text, text)",
     "shard_directory.bypass_fence(text, text)",
@@ -44,6 +45,22 @@ async fn missing_grants(
         )
         .await?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// SELECT on every table the entity's tables reference: the check that every row the moved rows
+/// reference is on the target reads them.
+fn referenced(tables: &[EntityTable]) -> impl Iterator<Item = (String, &'static str)> + '_ {
+    tables
+        .iter()
+        .flat_map(|t| t.foreign_keys.iter().map(|f| (f.quoted.clone(), "SELECT")))
+}
+
+/// What the role lacks on a target to check that every row the moved rows reference is there.
+pub(crate) async fn missing_for_references(
+    client: &Client,
+    tables: &[EntityTable],
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    missing_grants(client, "TABLE", &referenced(tables).collect::<Vec<_>>()).await
 }
 
 /// What the role lacks on the directory: a writer's privileges on the entries, and the move and
@@ -132,12 +149,13 @@ pub(crate) async fn missing_on_shard(
             .map(|r| r.get::<_, String>(0)),
     );
     let mut wanted = vec![("shard_directory.shard_fences".to_owned(), "SELECT")];
-    for t in tables {
-        wanted.push((t.quoted.clone(), "SELECT, INSERT, DELETE"));
-        if !source && method == Method::Logical {
-            // The check that every referenced row is there reads the referenced tables.
-            wanted.extend(t.foreign_keys.iter().map(|f| (f.quoted.clone(), "SELECT")));
-        }
+    wanted.extend(
+        tables
+            .iter()
+            .map(|t| (t.quoted.clone(), "SELECT, INSERT, DELETE")),
+    );
+    if !source && method == Method::Logical {
+        wanted.extend(referenced(tables));
     }
     missing.extend(missing_grants(client, "TABLE", &wanted).await?);
     let sequences: Vec<(String, &str)> = crate::sequences::of(tables)

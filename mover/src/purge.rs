@@ -14,13 +14,16 @@ use tokio_postgres::Client;
 
 use crate::catalog::EntityTable;
 use crate::error::{At, Error, Place, Step};
+use crate::failpoint::point;
 use crate::fence;
 use crate::integrity;
 use crate::throttle::Throttle;
 
 /// Deletes every row of the entity in `tables` (given parents first), `throttle.batch` rows per
 /// transaction where that is safe, paced by `throttle`; calls `deleted(table, rows so far)` after
-/// each transaction.
+/// each transaction. With `replica`, as `session_replication_role = replica` (`triggers`): rows
+/// the mover wrote without firing the shard's triggers are taken away without firing them.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn delete_rows(
     (client, shard): (&mut Client, &str),
     tables: &[EntityTable],
@@ -28,8 +31,14 @@ pub(crate) async fn delete_rows(
     version: i64,
     throttle: &mut Throttle,
     step: Step,
+    replica: bool,
     mut deleted: impl FnMut(&str, u64),
 ) -> Result<(), Error> {
+    let role = if replica {
+        "SELECT set_config('session_replication_role', 'replica', true)"
+    } else {
+        "SELECT 1"
+    };
     let crossings = integrity::crossings(tables);
     for t in tables.iter().rev() {
         let at = || Place::Table {
@@ -41,6 +50,7 @@ pub(crate) async fn delete_rows(
         if t.references_itself() || !guards.is_empty() {
             let tx = client.transaction().await.at(step, at())?;
             fence::bypass(&tx, key, version).await.at(step, at())?;
+            tx.execute(role, &[]).await.at(step, at())?;
             if !guards.is_empty() {
                 tx.execute(
                     &format!("SELECT 1 FROM {} WHERE {predicate} FOR UPDATE", t.quoted),
@@ -66,6 +76,7 @@ pub(crate) async fn delete_rows(
                 )
                 .await
                 .at(step, at())?;
+            point!("purge.whole.{:?}", step);
             tx.commit().await.at(step, at())?;
             deleted(&t.name, n);
             throttle.after(client, n).await.at(step, at())?;
@@ -82,10 +93,12 @@ pub(crate) async fn delete_rows(
         loop {
             let tx = client.transaction().await.at(step, at())?;
             fence::bypass(&tx, key, version).await.at(step, at())?;
+            tx.execute(role, &[]).await.at(step, at())?;
             let n = tx
                 .execute(&sql, &[&key.entity_id, &throttle.batch])
                 .await
                 .at(step, at())?;
+            point!("purge.batch.{:?}", step);
             tx.commit().await.at(step, at())?;
             if n == 0 {
                 break;

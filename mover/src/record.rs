@@ -339,6 +339,26 @@ pub(crate) async fn finalize(
     Ok(n == 1)
 }
 
+/// A finalize that ends without its source (`way_back.rs`): `done` from `cleaning_up`, the
+/// source's rows kept as `--keep-source` keeps them (for `purge-source`), and what is left there
+/// in `last_error`. Refused (`false`) unless the move is being finalized.
+pub(crate) async fn finish_without_source(
+    c: &impl GenericClient,
+    move_id: i64,
+    left: &str,
+) -> Result<bool, tokio_postgres::Error> {
+    let n = c
+        .execute(
+            "UPDATE shard_directory.shard_moves \
+             SET phase = 'done', finished_at = now(), updated_at = now(), keep_source = true, \
+                 last_error = $2 \
+             WHERE move_id = $1 AND phase = 'cleaning_up' AND finalized_at IS NOT NULL",
+            &[&move_id, &left],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
 /// The reversible moves whose `reversible_until` has passed.
 pub(crate) async fn expired(c: &impl GenericClient) -> Result<Vec<i64>, tokio_postgres::Error> {
     Ok(c.query(
@@ -395,6 +415,22 @@ pub(crate) async fn start_freeze(
     )
     .await
     .map(|_| ())
+}
+
+/// What is left of the move's freeze lease, on the directory's clock (zero once it has ended).
+pub(crate) async fn lease_left(
+    c: &impl GenericClient,
+    move_id: i64,
+) -> Result<std::time::Duration, tokio_postgres::Error> {
+    let seconds: f64 = c
+        .query_one(
+            "SELECT coalesce(extract(epoch FROM freeze_lease_until - clock_timestamp()), 0)::float8 \
+             FROM shard_directory.shard_moves WHERE move_id = $1",
+            &[&move_id],
+        )
+        .await?
+        .get(0);
+    Ok(std::time::Duration::from_secs_f64(seconds.max(0.0)))
 }
 
 /// Forgets a freeze that was undone before the entity was frozen on its source (the move goes

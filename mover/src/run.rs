@@ -21,20 +21,26 @@ use crate::catalog::EntityTable;
 use crate::copy;
 use crate::entry::{self, Placement};
 use crate::error::{At, Error, Failure, Left, Place, Step};
+use crate::failpoint::point;
 use crate::fence::{self, Fence};
 use crate::initial_copy;
 use crate::integrity;
 use crate::logical::{self, Trouble};
+use crate::mover::Mover;
 use crate::observer::Observer;
 use crate::options::MoveOptions;
+use crate::patience::Patience;
 use crate::phase::Phase;
 use crate::progress::Rates;
 use crate::purge;
 use crate::record::{self, Method, MoveRecord};
+use crate::registry;
+use crate::schema;
 use crate::sequences;
 use crate::side::Side;
 use crate::tablesync::LostSlots;
 use crate::tracking::{self, Changed, Tracker, Tracking};
+use crate::triggers;
 use crate::verify;
 
 pub(crate) fn stopped(move_id: i64, error: Error, phase: Option<Phase>) -> Failure {
@@ -47,6 +53,25 @@ pub(crate) fn stopped(move_id: i64, error: Error, phase: Option<Phase>) -> Failu
     }
 }
 
+/// A move that ended aborted for `why`: the entity is active on its source.
+pub(crate) fn aborted(move_id: i64, why: &str) -> Failure {
+    Failure {
+        move_id: Some(move_id),
+        error: Error::State {
+            move_id,
+            phase: Phase::Aborted,
+            why: format!("the move did not happen: {why}"),
+        },
+        left: Left::Aborted,
+        phase: Some(Phase::Aborted),
+        abort_error: None,
+    }
+}
+
+/// How long the source's cutover fence may wait for the shard's checked transactions in flight:
+/// the directory's version lock, which every directory writer needs, is held meanwhile.
+const CUTOVER_FENCE_WAIT: Duration = Duration::from_millis(300);
+
 /// Copies of every table made in one run before a lost tablesync slot stops the move.
 const COPY_ATTEMPTS: u32 = 3;
 
@@ -58,7 +83,7 @@ enum Synced {
 }
 
 /// The directory steps a move makes, each committed with the record's phase.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum DirectoryStep {
     Freeze,
     /// Undoes a freeze the source's fence never joined: back to migrating, the copy kept.
@@ -81,6 +106,8 @@ async fn within<T>(
 
 /// One process driving one move.
 pub(crate) struct Run<'m> {
+    /// Where the directory and the shards are: a run connects again after losing a connection.
+    mover: &'m Mover,
     options: &'m MoveOptions,
     observer: Arc<dyn Observer>,
     directory: Client,
@@ -90,6 +117,9 @@ pub(crate) struct Run<'m> {
     /// The target, or why it could not be reached: an abort still releases the entity without it.
     target: Result<Side, String>,
     tables: Vec<EntityTable>,
+    /// The definitions of the entity's tables this run began with: DDL made since stops the move
+    /// (`schema.rs`).
+    schema: schema::Watch,
     /// When the freeze must be over; set when this run froze the entity or resumed it frozen.
     deadline: Option<Instant>,
     /// Whether this run froze the source itself (a resumed freeze fences it again first).
@@ -99,8 +129,11 @@ pub(crate) struct Run<'m> {
     verified_here: bool,
     /// Whether this run turned the subscription back on after it stopped on an error.
     reenabled: bool,
-    /// Whether this run's abort has released the entity (source fence and directory restored).
+    /// Whether this run's abort has released the entity (its directory entry restored).
     released: bool,
+    /// Whether a statement this run gave up on may still run on its shard sessions: what undoes
+    /// the move then runs on new ones.
+    stale_sessions: bool,
     /// The entity's changes on both shards since this run's online check (logical method).
     tracking: Option<Tracking>,
     /// Why the entity's changes could not be tracked: the freeze compares every row.
@@ -113,8 +146,8 @@ pub(crate) struct Run<'m> {
 
 impl<'m> Run<'m> {
     pub(crate) fn new(
+        mover: &'m Mover,
         options: &'m MoveOptions,
-        observer: Arc<dyn Observer>,
         directory: Client,
         record: MoveRecord,
         source: Side,
@@ -122,24 +155,23 @@ impl<'m> Run<'m> {
         tables: Vec<EntityTable>,
     ) -> Run<'m> {
         let key = record.entity();
-        // A resumed frozen move gets a fresh freeze budget: the time it already spent frozen
-        // (also while no mover ran) still counts in max_freeze_seen.
-        let deadline = matches!(record.phase, Phase::Frozen | Phase::Verified)
-            .then(|| Instant::now() + max_freeze(&record));
         Run {
+            mover,
             options,
-            observer,
+            observer: mover.observer.clone(),
             directory,
             record,
             key,
             source,
             target,
+            schema: schema::Watch::new(&tables),
             tables,
-            deadline,
+            deadline: None,
             fenced_here: false,
             verified_here: false,
             reenabled: false,
             released: false,
+            stale_sessions: false,
             tracking: None,
             untracked: None,
             freezes_undone: 0,
@@ -165,12 +197,14 @@ impl<'m> Run<'m> {
         })
     }
 
+    /// Runs the move to its end. A move that ends aborted (a lease that ran out, another
+    /// process's abort, a resumed abort) did not move the entity: that is a failure, never a
+    /// success.
     pub(crate) async fn drive(mut self) -> Result<MoveRecord, Failure> {
         loop {
             let result = match self.record.phase {
-                Phase::Done | Phase::Reverted | Phase::Aborted | Phase::Reversible => {
-                    return Ok(self.record)
-                }
+                Phase::Done | Phase::Reverted | Phase::Reversible => return Ok(self.record),
+                Phase::Aborted => return Err(self.ended_aborted()),
                 Phase::Aborting => self.abort().await,
                 phase => self.step(phase).await,
             };
@@ -178,6 +212,14 @@ impl<'m> Run<'m> {
                 return Err(self.fail(error).await);
             }
         }
+    }
+
+    /// A move found aborted where it was to move the entity: why, from its record.
+    fn ended_aborted(&self) -> Failure {
+        let why = self.record.last_error.as_deref().unwrap_or(
+            "it was aborted (by `shard-directory abort`, or by a process that stopped it)",
+        );
+        aborted(self.id(), why)
     }
 
     /// How an abort that stopped on `error` leaves the move.
@@ -215,6 +257,9 @@ impl<'m> Run<'m> {
         if !must_abort {
             return stopped(id, error, Some(phase));
         }
+        // A statement cut off (by the freeze's deadline, a timeout) may still run on the shards'
+        // sessions: the abort runs on new ones, once the directory has released the entity.
+        self.stale_sessions = true;
         match self.abort().await {
             Ok(()) => Failure {
                 move_id: Some(id),
@@ -264,7 +309,7 @@ impl<'m> Run<'m> {
                     self.unfreeze(e).await
                 }
                 checked => {
-                    checked?;
+                    self.unless_ddl(checked).await?;
                     self.enter(Phase::Verified).await
                 }
             },
@@ -307,6 +352,7 @@ impl<'m> Run<'m> {
     /// tells the observer. Refused when another process has moved the phase on meanwhile.
     async fn enter(&mut self, phase: Phase) -> Result<(), Error> {
         let from = self.record.phase;
+        point!("enter.{}", phase);
         let moved = record::set_phase(&self.directory, self.id(), from, phase)
             .await
             .at(Step::Record, Place::Directory)?;
@@ -349,6 +395,15 @@ impl<'m> Run<'m> {
     /// transactions in flight (up to `--fence-wait`): a fence that did not commit changes
     /// nothing, so it is worth another try rather than a failed move.
     async fn set_fence_patiently(&self, side: &Side, to: &Fence, step: Step) -> Result<(), Error> {
+        point!(
+            "fence.{:?}.{}",
+            step,
+            if std::ptr::eq(side, &self.source) {
+                "source"
+            } else {
+                "target"
+            }
+        );
         let (client, key) = (&side.client, &self.key);
         fence::patiently(self.options.fence_patience, move || {
             fence::set(client, key, to)
@@ -471,6 +526,38 @@ impl<'m> Run<'m> {
             }
             DirectoryStep::Thaw => record::end_freeze(&tx, id).await.map_err(at)?,
             DirectoryStep::Complete => {
+                if !calls.is_empty() {
+                    // Before the target can be written (this commit), the source stops serving
+                    // reads too, for what is left of the lease: `version` is taken and the
+                    // directory's version lock held, so past the lease only clients that saw
+                    // this cutover, or the abort of one that never committed, get through.
+                    let left = record::lease_left(&tx, id).await.map_err(at)?;
+                    // A source that does not answer (a network partition) is given up on in
+                    // time, and the transaction rolled back.
+                    let limit = left.min(CUTOVER_FENCE_WAIT * 4);
+                    point!("fence.cutover.source");
+                    let source_fence = &mut self.source.client;
+                    let fenced = tokio::time::timeout(
+                        limit,
+                        fence::cutover(source_fence, &key, left, version, CUTOVER_FENCE_WAIT),
+                    )
+                    .await
+                    .map_err(|_| Error::Timeout {
+                        step: Step::Cutover,
+                        what: format!("shard {source} to take the cutover's fence"),
+                        after: limit,
+                    })?;
+                    fenced.map_err(|e| Error::Db {
+                        step: Step::Cutover,
+                        place: Place::Shard(source.clone()),
+                        source: e,
+                    })?;
+                    // The lease ran on meanwhile: past it, a router may be about to release
+                    // the entity (it waits for this row): no cutover then.
+                    if record::lease_left(&tx, id).await.map_err(at)?.is_zero() {
+                        return Err(Error::LeaseExpired);
+                    }
+                }
                 record::set_versions(&tx, id, None, Some(version))
                     .await
                     .map_err(at)?;
@@ -496,6 +583,7 @@ impl<'m> Run<'m> {
         if !record::set_phase(&tx, id, from, phase).await.map_err(at)? {
             unreachable!("the move's row is locked by this transaction");
         }
+        point!("directory.{:?}", step);
         tx.commit().await.map_err(at)?;
         self.entered().await
     }
@@ -570,11 +658,10 @@ impl<'m> Run<'m> {
         }
     }
 
-    /// Back to before the initial copy: the replication dropped and the rows it copied deleted
-    /// from the target (it held none of the entity's when the move began: preflight).
+    /// Back to before the initial copy: the replication dropped (the next copy begins by deleting
+    /// the rows this one made: `replicate_once`).
     async fn copy_again(&mut self) -> Result<(), Error> {
         self.drop_replication(Step::Sync).await?;
-        self.delete_rows_on_target(Step::Sync).await?;
         for p in self.record.tables.values_mut() {
             (p.copied, p.rows_per_second, p.eta_seconds) = (0, None, None);
         }
@@ -590,12 +677,29 @@ impl<'m> Run<'m> {
         let found = logical::subscription_comment(&target.client, &name)
             .await
             .at(Step::Replicate, target.name())?;
-        if found.is_some() && (paced || found.as_ref() == Some(&copied_by_mover)) {
+        let published = logical::publication_comment(&self.source.client, &name)
+            .await
+            .at(Step::Replicate, self.source.name())?;
+        // A paced copy is made again from the start; and replication made for the other kind of
+        // copy (the move ran with a pace, and is resumed without, or the other way) is made again.
+        let other = if paced { &signature } else { &copied_by_mover };
+        let mut kept = found.is_some();
+        if found.is_some() && paced || [&found, &published].contains(&&Some(other.clone())) {
+            point!("replicate.drop_other");
             self.drop_replication(Step::Replicate).await?;
+            kept = false;
         }
         if paced {
             signature = copied_by_mover;
+        } else if !kept && self.record.reverses.is_none() {
+            // Whatever made rows of the entity on the target before (a copy of the mover's, a
+            // subscription dropped mid-copy, a run killed between the two), the subscription's
+            // copy starts from a target without them: it would stop on their keys. (The paced
+            // copy deletes them in its own transaction; a revert's target holds the way back's.)
+            self.delete_rows_on_target(Step::Replicate).await?;
         }
+        let target = self.target(Step::Replicate)?;
+        point!("replicate.publication");
         let publication = logical::ensure_publication(
             &self.source.client,
             &name,
@@ -608,6 +712,7 @@ impl<'m> Run<'m> {
             let shards = (self.source.name(), target.name());
             self.replication_trouble(Step::Replicate, shards, t, "the publication")
         })?;
+        point!("replicate.subscription");
         let subscription = logical::ensure_subscription(
             &self.source.client,
             &target.client,
@@ -761,6 +866,7 @@ impl<'m> Run<'m> {
         record::set_tables(&self.directory, id, &self.record.tables)
             .await
             .at(Step::Record, Place::Directory)?;
+        point!("paced.enable_subscription");
         logical::enable_subscription(&target.client, &name)
             .await
             .at(Step::Sync, target.name())?;
@@ -787,6 +893,8 @@ impl<'m> Run<'m> {
         if state.exists && state.enabled {
             return Ok(());
         }
+        // A subscription stopped by DDL on one shard only: named, rather than turned on again.
+        self.check_schema(step).await?;
         let target = self.target(step)?;
         if state.exists && !self.reenabled {
             self.observer.note(
@@ -798,6 +906,7 @@ impl<'m> Run<'m> {
                     state.errors
                 ),
             );
+            point!("replicate.reenable");
             logical::enable_subscription(&target.client, &name)
                 .await
                 .at(step, target.name())?;
@@ -884,6 +993,7 @@ impl<'m> Run<'m> {
     async fn check_online(&mut self) -> Result<(), Error> {
         let (id, patience) = (self.id(), self.options.fence_patience);
         let target = self.target(Step::Track)?;
+        point!("track.start");
         let source_stream =
             Tracker::start(&self.source, id, &self.tables, &self.key, patience).await?;
         let target_stream = Tracker::start(target, id, &self.tables, &self.key, patience).await?;
@@ -988,20 +1098,12 @@ impl<'m> Run<'m> {
         }
     }
 
-    /// A freeze that ran past `max_freeze`, undone with the copy kept: the target fenced as
-    /// during the move, the source's fence as before it, the entry back to migrating. The next
-    /// freeze follows a new online check: a stream read cut off by the deadline may have consumed
-    /// changes the mover never saw.
+    /// A freeze that ran past `max_freeze`, undone with the copy kept ([`Run::thaw`]). The next
+    /// freeze follows a new online check: a stream read cut off by the deadline may have
+    /// consumed changes the mover never saw.
     async fn unfreeze(&mut self, exceeded: Error) -> Result<(), Error> {
         self.freezes_undone += 1;
-        self.tracking = None;
-        self.fence_target_during_move().await?;
-        let before = self.record.source_fence.clone();
-        self.set_fence_patiently(&self.source, &before, Step::Freeze)
-            .await?;
-        self.directory_step(DirectoryStep::Thaw, Phase::CatchingUp)
-            .await?;
-        (self.deadline, self.fenced_here) = (None, false);
+        self.thaw().await?;
         self.observer.note(
             self.id(),
             &format!(
@@ -1014,19 +1116,42 @@ impl<'m> Run<'m> {
         Ok(())
     }
 
+    /// Undoes a freeze with the copy kept, the directory first: the entry back to migrating (the
+    /// record back to catching up, or to migrating for the copy method, whose next freeze copies
+    /// again), then (on new sessions: a check cut off by the deadline may still run on the old
+    /// ones, which are ended) the target fenced as during the move and the source's fence as
+    /// before it.
+    async fn thaw(&mut self) -> Result<(), Error> {
+        self.tracking = None;
+        self.directory_step(DirectoryStep::Thaw, thawed(self.record.method))
+            .await?;
+        (self.deadline, self.fenced_here, self.verified_here) = (None, false, false);
+        self.fresh_shard_sessions().await?;
+        self.source.end_other_sessions(self.id()).await?;
+        self.target(Step::Freeze)?
+            .end_other_sessions(self.id())
+            .await?;
+        self.fence_target_during_move().await?;
+        let before = self.record.source_fence.clone();
+        self.set_fence_patiently(&self.source, &before, Step::Freeze)
+            .await
+    }
+
     /// Freezes the entry (its version `F` is what the source's lease admits clients above once
     /// it ends), then fences the source frozen, which waits for its checked writers in flight.
     /// From here an error aborts the move; a source fence that cannot commit undoes the freeze
     /// instead, keeping the copy.
     async fn freeze(&mut self) -> Result<(), Error> {
+        self.check_schema(Step::Freeze).await?;
         if self.record.reversible {
+            point!("way_back.create");
             self.ensure_way_back().await?;
         }
         self.wait_for_open_checks().await?;
         self.deadline = Some(Instant::now() + max_freeze(&self.record));
         self.directory_step(DirectoryStep::Freeze, Phase::Frozen)
             .await?;
-        self.fence_source_frozen().await
+        self.fence_source_frozen(self.lease()).await
     }
 
     /// Before freezing anything: the source's fence will wait for every checked transaction in
@@ -1060,18 +1185,18 @@ impl<'m> Run<'m> {
     /// The source's fence, frozen for the freeze's lease. When it cannot commit in time (the shard
     /// keeps giving up behind open transactions), the directory's freeze is undone and the move
     /// goes back to catching up with its copy: nothing was frozen on the source.
-    async fn fence_source_frozen(&mut self) -> Result<(), Error> {
+    async fn fence_source_frozen(&mut self, lease: Duration) -> Result<(), Error> {
         let deadline = self.deadline.expect("set with the freeze");
         let freeze_version = self
             .record
             .freeze_version
             .expect("recorded with the freeze");
-        let lease = self.lease();
         let patience = self
             .options
             .fence_patience
             .min(deadline.saturating_duration_since(Instant::now()));
         let (client, key) = (&self.source.client, &self.key);
+        point!("fence.freeze_leased.source");
         let fenced = fence::patiently(patience, move || {
             fence::freeze_leased(client, key, lease, freeze_version)
         })
@@ -1082,11 +1207,8 @@ impl<'m> Run<'m> {
                 Ok(())
             }
             Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-                let back = match self.record.method {
-                    Method::Logical => Phase::CatchingUp,
-                    Method::Copy => Phase::Migrating,
-                };
-                self.directory_step(DirectoryStep::Thaw, back).await?;
+                self.directory_step(DirectoryStep::Thaw, thawed(self.record.method))
+                    .await?;
                 self.deadline = None;
                 self.observer.note(
                     self.id(),
@@ -1107,29 +1229,36 @@ impl<'m> Run<'m> {
         }
     }
 
-    /// A freeze this run did not start (resumed, or verified by an earlier run): its lease is
-    /// renewed in the directory and the source fenced again, before anything relies on it.
+    /// A freeze this run did not start (resumed, or verified by an earlier run) keeps the budget
+    /// and the lease it began with: however often it is stopped and resumed, the entity is
+    /// refused no longer than one lease. The source is fenced again, for what is left of the
+    /// lease, before anything relies on it; a freeze with no budget left is over.
     async fn hold_freeze(&mut self) -> Result<(), Error> {
-        let (id, lease) = (self.id(), self.lease());
-        let tx = self
-            .directory
-            .transaction()
-            .await
-            .at(Step::Freeze, Place::Directory)?;
-        let (locked, _) = record::lock(&tx, id)
-            .await
-            .at(Step::Freeze, Place::Directory)?;
+        let id = self.id();
+        let at = |e| Error::Db {
+            step: Step::Freeze,
+            place: Place::Directory,
+            source: e,
+        };
+        let tx = self.directory.transaction().await.map_err(at)?;
+        let (locked, _) = record::lock(&tx, id).await.map_err(at)?;
         if locked != self.record.phase {
             drop(tx);
             let expected = self.record.phase;
             self.reload().await?;
             return Err(self.moved_on(expected));
         }
-        record::start_freeze(&tx, id, lease)
-            .await
-            .at(Step::Freeze, Place::Directory)?;
-        tx.commit().await.at(Step::Freeze, Place::Directory)?;
-        self.fence_source_frozen().await
+        let left = record::lease_left(&tx, id).await.map_err(at)?;
+        tx.commit().await.map_err(at)?;
+        let budget = left.saturating_sub(self.options.lease_grace);
+        if budget.is_zero() {
+            return Err(Error::FreezeExceeded {
+                step: Step::Freeze,
+                limit: max_freeze(&self.record),
+            });
+        }
+        self.deadline = Some(Instant::now() + budget);
+        self.fence_source_frozen(left).await
     }
 
     /// Under the freeze: catch up (logical) or copy, verify, check foreign keys, advance
@@ -1243,9 +1372,9 @@ impl<'m> Run<'m> {
         self.check_references(changed, deadline, limit).await
     }
 
-    /// No row may join the entity to another one; and logical apply checks no foreign key (a
-    /// copy's COPY does), so after it what the moved rows (`changed`: those changed since the
-    /// online check) reference must be on the target.
+    /// No row may join the entity to another one; and logical apply checks no foreign key, nor
+    /// does a copy made as replica (`triggers`), so after them what the moved rows (`changed`:
+    /// those changed since the online check) reference must be on the target.
     async fn check_references(
         &self,
         changed: Option<&Changed>,
@@ -1262,7 +1391,15 @@ impl<'m> Run<'m> {
                 Step::Verify,
             )
             .await?;
-            if self.record.method != Method::Logical {
+            if self.record.method != Method::Logical
+                && !triggers::copy_as_replica(
+                    &target.client,
+                    target.name(),
+                    &self.tables,
+                    Step::Verify,
+                )
+                .await?
+            {
                 return Ok(());
             }
             integrity::check_references_present(
@@ -1308,7 +1445,8 @@ impl<'m> Run<'m> {
     /// longer frozen: then nothing written on it since its catch-up would be carried.
     async fn cutover(&mut self) -> Result<(), Error> {
         if !self.verified_here {
-            self.catch_up_and_verify().await?;
+            let checked = self.catch_up_and_verify().await;
+            self.unless_ddl(checked).await?;
         }
         let deadline = self.deadline.expect("a frozen move has a deadline");
         if Instant::now() >= deadline {
@@ -1317,10 +1455,21 @@ impl<'m> Run<'m> {
                 limit: max_freeze(&self.record),
             });
         }
+        // The last look for DDL, inside the freeze's budget.
+        let limit = max_freeze(&self.record);
+        let found = within(
+            deadline,
+            limit,
+            Step::Cutover,
+            self.check_schema(Step::Cutover),
+        )
+        .await;
+        self.unless_ddl(found).await?;
         if self.record.reversible {
             let target = self.target(Step::WayBack)?;
             let name = logical::way_back_name(self.id());
             let skipped = async {
+                point!("way_back.skip");
                 logical::skip_to_now(&target.client, &name)
                     .await
                     .at(Step::WayBack, target.name())
@@ -1331,7 +1480,7 @@ impl<'m> Run<'m> {
         let fence = fence::read(&self.source.client, &self.key)
             .await
             .at(Step::Cutover, self.source.name())?;
-        if fence != Fence::Frozen {
+        if !matches!(fence, Fence::Frozen | Fence::Cutover) {
             return Err(Error::State {
                 move_id: self.id(),
                 phase: self.record.phase,
@@ -1341,8 +1490,22 @@ impl<'m> Run<'m> {
                 ),
             });
         }
-        self.directory_step(DirectoryStep::Complete, Phase::Cutover)
-            .await?;
+        // The source's cutover fence waits for its checked transactions in flight while the
+        // directory's version lock is held: briefly, and tried again within the freeze.
+        loop {
+            let done = self
+                .directory_step(DirectoryStep::Complete, Phase::Cutover)
+                .await;
+            match done {
+                Err(Error::Db { source, .. })
+                    if source.code() == Some(&SqlState::LOCK_NOT_AVAILABLE)
+                        && Instant::now() + CUTOVER_FENCE_WAIT < deadline =>
+                {
+                    tokio::time::sleep(CUTOVER_FENCE_WAIT / 5).await
+                }
+                done => break done?,
+            }
+        }
         self.deadline = None;
         self.tracking = None;
         Ok(())
@@ -1356,6 +1519,7 @@ impl<'m> Run<'m> {
         }
         let name = &self.record.replication_name;
         let target = self.target(step)?;
+        point!("replication.drop.{:?}", step);
         logical::drop_subscription(&target.client, name)
             .await
             .at(step, target.name())?;
@@ -1410,6 +1574,7 @@ impl<'m> Run<'m> {
     /// reversible (until `reversible_until`, when it has one).
     async fn open_way_back(&mut self) -> Result<(), Error> {
         let name = logical::way_back_name(self.id());
+        point!("way_back.open");
         logical::enable_subscription(&self.source.client, &name)
             .await
             .at(Step::WayBack, self.source.name())?;
@@ -1423,6 +1588,7 @@ impl<'m> Run<'m> {
             return Ok(());
         }
         let name = logical::way_back_name(self.id());
+        point!("way_back.drop.{:?}", step);
         logical::drop_subscription(&self.source.client, &name)
             .await
             .at(step, self.source.name())?;
@@ -1442,6 +1608,12 @@ impl<'m> Run<'m> {
         let Ok(target) = self.target.as_mut() else {
             unreachable!("checked just above")
         };
+        // What the copy or logical apply wrote fired none of the target's triggers; nor does
+        // taking it away.
+        let replica =
+            triggers::delete_as_replica(&target.client, &target.endpoint.name, &self.tables, step)
+                .await;
+        point!("purge.target.{:?}", step);
         purge::delete_rows(
             (&mut target.client, &target.endpoint.name),
             &self.tables,
@@ -1449,6 +1621,7 @@ impl<'m> Run<'m> {
             version,
             &mut self.options.throttle(),
             step,
+            replica,
             |_, _| {},
         )
         .await
@@ -1459,7 +1632,15 @@ impl<'m> Run<'m> {
             .await
             .at(Step::DeleteSource, Place::Directory)?;
         let (id, observer) = (self.id(), self.observer.clone());
+        let replica = triggers::delete_as_replica(
+            &self.source.client,
+            &self.source.endpoint.name,
+            &self.tables,
+            Step::DeleteSource,
+        )
+        .await;
         let (tables, rates) = (&mut self.record.tables, &mut self.rates);
+        point!("purge.source");
         purge::delete_rows(
             (&mut self.source.client, &self.source.endpoint.name),
             &self.tables,
@@ -1467,6 +1648,7 @@ impl<'m> Run<'m> {
             version,
             &mut self.options.throttle(),
             Step::DeleteSource,
+            replica,
             |table, deleted| {
                 if let Some(p) = tables.get_mut(table) {
                     p.deleted = deleted as i64;
@@ -1482,23 +1664,63 @@ impl<'m> Run<'m> {
             .at(Step::Record, Place::Directory)
     }
 
-    /// Back to the start, the entity released first: its source fence as it was and the entry
-    /// active on its source, so the freeze ends even when the target is slow or down; then the
-    /// target cleaned (replication dropped, the move's rows deleted, its fence as it was).
+    /// Back to the start, the directory first: in one directory transaction the move becomes
+    /// `aborting` and its entry active on its source again, so the entity is released before
+    /// anything that can wait on a shard. Then the source's fence as it was (a frozen fence left
+    /// behind ends with its lease), and the target cleaned: replication dropped, the move's rows
+    /// deleted, its fence as it was. A connection lost on the way (a server restarted, a
+    /// session ended) is made again and the abort goes on, for up to `--fence-wait`.
     pub(crate) async fn abort(&mut self) -> Result<(), Error> {
-        let id = self.id();
-        if self.record.phase != Phase::Aborting {
-            self.enter(Phase::Aborting).await?;
+        let mut patience = Patience::new(self.options.fence_patience);
+        loop {
+            let lost = match self.abort_once().await {
+                Err(e) if e.lost_connection() => e,
+                done => return done,
+            };
+            loop {
+                if !patience.pause().await {
+                    return Err(lost);
+                }
+                match self.reconnect().await {
+                    Ok(()) => break,
+                    Err(e) if e.lost_connection() => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            self.observer.note(
+                self.id(),
+                &format!("the abort lost a connection ({lost}); connected again, going on"),
+            );
         }
+    }
+
+    async fn abort_once(&mut self) -> Result<(), Error> {
+        let id = self.id();
+        if !self.released {
+            match self
+                .directory_step(DirectoryStep::Abort, Phase::Aborting)
+                .await
+            {
+                // Released meanwhile by its lease (`release_expired_freeze`): the same abort.
+                Err(Error::State { .. }) if self.record.phase == Phase::Aborting => {
+                    self.directory_step(DirectoryStep::Abort, Phase::Aborting)
+                        .await?
+                }
+                released => released?,
+            }
+            (self.released, self.deadline) = (true, None);
+        }
+        if self.stale_sessions {
+            self.fresh_shard_sessions().await?;
+            self.stale_sessions = false;
+        }
+        point!("abort.end_sessions.source");
         self.source.end_other_sessions(id).await?;
         let before = self.record.source_fence.clone();
         self.set_fence_patiently(&self.source, &before, Step::Abort)
             .await?;
-        self.directory_step(DirectoryStep::Abort, Phase::Aborting)
-            .await?;
-        self.released = true;
-        self.deadline = None;
         let target = self.target(Step::Abort)?;
+        point!("abort.end_sessions.target");
         target.end_other_sessions(id).await?;
         if self.record.reverses.is_some() {
             // A revert's replication and the rows on its target are the reversible move's way
@@ -1517,6 +1739,79 @@ impl<'m> Run<'m> {
         self.set_fence_patiently(target, &before, Step::Abort)
             .await?;
         self.enter(Phase::Aborted).await
+    }
+
+    /// DDL on the entity's tables since this run began (`schema.rs`): fails naming it.
+    async fn check_schema(&mut self, step: Step) -> Result<(), Error> {
+        self.target(step)?;
+        let Ok(target) = &self.target else {
+            unreachable!("checked just above")
+        };
+        let source = (&self.source.client, self.source.name());
+        let target = (&target.client, target.name());
+        self.schema.check(source, target, &self.key, step).await
+    }
+
+    /// Under the freeze: DDL found (`result` is [`Error::SchemaChanged`]), or an error DDL
+    /// explains (a column gone from a copy's statement, rows that differ in a retyped column),
+    /// undoes the freeze with the copy kept and stops the move resumable, naming the change,
+    /// where any other error aborts it. A freeze past its budget is left to that path: a check
+    /// it cut off may still hold the sessions.
+    async fn unless_ddl(&mut self, result: Result<(), Error>) -> Result<(), Error> {
+        let ddl = match result {
+            Ok(()) => return Ok(()),
+            Err(e @ Error::FreezeExceeded { .. }) => return Err(e),
+            Err(ddl @ Error::SchemaChanged { .. }) => ddl,
+            Err(e) => match self.check_schema(Step::Verify).await {
+                Err(ddl @ Error::SchemaChanged { .. }) => ddl,
+                _ => return Err(e),
+            },
+        };
+        self.thaw().await?;
+        Err(ddl)
+    }
+
+    /// Connects again where a connection was lost (a server restarted, a session ended): the
+    /// directory's new session takes the move's lock again (another process may have taken it
+    /// meanwhile: `Busy`), and a target that could not be reached is tried again.
+    async fn reconnect(&mut self) -> Result<(), Error> {
+        let id = self.id();
+        if self.directory.is_closed() {
+            let directory = self.mover.connect_directory(Some(id)).await?;
+            self.mover.lock_move(&directory, id).await?;
+            self.directory = directory;
+        }
+        if self.source.client.is_closed() {
+            self.source = Side::connect(self.source.endpoint.clone(), Some(id)).await?;
+        }
+        if !matches!(&self.target, Ok(t) if !t.client.is_closed()) {
+            let shard = &self.record.target_shard;
+            let endpoint =
+                registry::endpoint(&self.directory, &self.mover.overrides, shard).await?;
+            self.target = Ok(Side::connect(endpoint, Some(id)).await?);
+        }
+        Ok(())
+    }
+
+    /// New sessions on both shards, for a run whose statements there may still be running (a
+    /// check cut off by the freeze's deadline runs on until its session ends): what undoes the
+    /// freeze must not queue behind it. The old sessions are ended (`end_other_sessions`) by
+    /// what comes next.
+    async fn fresh_shard_sessions(&mut self) -> Result<(), Error> {
+        let id = self.id();
+        self.source = Side::connect(self.source.endpoint.clone(), Some(id)).await?;
+        if let Ok(target) = &self.target {
+            self.target = Ok(Side::connect(target.endpoint.clone(), Some(id)).await?);
+        }
+        Ok(())
+    }
+}
+
+/// Where a move goes back to when its freeze is undone with the copy kept.
+fn thawed(method: Method) -> Phase {
+    match method {
+        Method::Logical => Phase::CatchingUp,
+        Method::Copy => Phase::Migrating,
     }
 }
 

@@ -52,7 +52,9 @@ async fn run(tenants: usize, parallel: usize, method: MethodChoice) -> Run {
         per_shard: parallel,
     };
     let batch = mover.record_batch(&plan, options).await.expect("a batch");
-    let outcomes = mover.resume_batch(batch).await.expect("the batch ran");
+    let run = mover.resume_batch(batch).await.expect("the batch ran");
+    assert!(run.stopped.is_none(), "{:?}", run.stopped);
+    let outcomes = run.moves;
     let total = started.elapsed();
     let mut freezes = Vec::new();
     for (m, outcome) in &outcomes {

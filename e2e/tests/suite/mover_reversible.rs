@@ -2,14 +2,15 @@
 //! `revert` takes it back with only a freeze and no write lost, an aborted revert leaves it
 //! reversible, `finalize` (or `--reversible-for` running out) ends it where it is, and both
 //! moves killed inside their freezes resume to the end; writes made while the source was down
-//! reach it once it is back.
+//! reach it once it is back. No shard a way back joins is drained until the move is finalized,
+//! and a finalize whose source is gone still releases the target's WAL.
 
 use std::time::Duration;
 
 use shard_directory_client::{EntityKey, Router};
 use shard_directory_e2e::mover_cli;
 use shard_directory_e2e::observe::{self, until_held};
-use shard_directory_e2e::{eventually, Topology};
+use shard_directory_e2e::{column, eventually, Topology};
 use shard_directory_mover::{Error, MoveOptions, Phase};
 use tokio::sync::watch;
 
@@ -19,10 +20,12 @@ fn tenant(id: &str) -> EntityKey {
     EntityKey::new("tenant", id)
 }
 
+/// A reversible move, its `--max-freeze` other than the default (a revert keeps the move's).
 fn reversible(reversible_for: Option<Duration>) -> MoveOptions {
     MoveOptions {
         reversible: true,
         reversible_for,
+        max_freeze: Duration::from_secs(7),
         ..Default::default()
     }
 }
@@ -134,6 +137,8 @@ async fn a_reverted_move_brings_back_every_write_made_on_either_side_of_both_swi
     assert!(acked > 0, "the application kept writing");
     assert_eq!(back.phase, Phase::Done);
     assert_eq!(back.reverses, Some(there.move_id));
+    // Its freeze bounded as the move's was, not by the reverting mover's default.
+    assert_eq!(back.max_freeze_ms, there.max_freeze_ms);
     assert_eq!(
         (back.source_shard.as_str(), back.target_shard.as_str()),
         ("shard_2", "shard_1")
@@ -443,4 +448,156 @@ async fn the_way_back_keeps_what_was_written_while_the_source_was_down() {
     assert_eq!(t.rows("shard_1", "a").await, (50 - 1 + 20, 100 - 2));
     assert_eq!(t.rows("shard_2", "a").await, (0, 0));
     assert!(objects(&t).await.is_empty(), "{:?}", objects(&t).await);
+}
+
+/// Batches recorded in the directory.
+async fn batches(t: &Topology) -> i64 {
+    t.dba()
+        .await
+        .query_one(
+            "SELECT count(*) FROM shard_directory.shard_move_batches",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn a_shard_a_way_back_joins_is_not_drained_until_the_move_is_finalized() {
+    let t = Topology::with_shards("drain-way-back", 2).await;
+    t.add_tenant("a", "shard_1").await;
+    t.add_tenant("b", "shard_1").await;
+    t.seed_orders("shard_1", "a", 20, 2).await;
+    t.seed_orders("shard_1", "b", 10, 2).await;
+    // A plan to drain shard_1, made before any way back joins it.
+    let file = std::env::temp_dir().join(format!("sd-drain-back-{}.json", std::process::id()));
+    let path = file.to_str().unwrap();
+    let cli = async |args: &[&str]| {
+        let out = mover_cli::command(&t).args(args).output().await.unwrap();
+        (out.status.code(), mover_cli::text(&out.stderr))
+    };
+    let (code, said) = cli(&["drain", "shard_1", "--out", path]).await;
+    assert_eq!(code, Some(0), "{said}");
+
+    let there = t
+        .mover(reversible(None))
+        .start(&tenant("a"), "shard_2")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let id = there.move_id;
+    // Its way back ends on shard_1 and starts from shard_2: neither is drained, by a plan, at
+    // once, or from the plan made before; each refusal names the move and what ends it.
+    let refusals = [
+        vec!["drain", "shard_1"],
+        vec!["drain", "shard_1", "--apply"],
+        vec!["drain", "shard_2", "--apply"],
+        vec!["move", "--from-file", path],
+    ];
+    for args in refusals {
+        let (code, said) = cli(&args).await;
+        assert_eq!(code, Some(1), "{args:?}: {said}");
+        for named in [
+            format!("the way back of move {id} of tenant/a (shard_1 -> shard_2, reversible)"),
+            format!("`shard-directory finalize {id}` (keeps tenant/a on shard_2)"),
+            format!("`shard-directory revert {id}` (takes it back to shard_1)"),
+        ] {
+            assert!(said.contains(&named), "{args:?}: {said}");
+        }
+    }
+    // Nothing recorded, nothing moved, the way back as it was.
+    assert_eq!(batches(&t).await, 0, "no batch recorded");
+    assert_eq!(t.placement("b").await, "shard_1");
+    assert_eq!(t.rows("shard_1", "b").await, (10, 20));
+    assert_reversible(&t, "a", id).await;
+
+    // Finalized, the shard drains.
+    let done = t
+        .mover(MoveOptions::default())
+        .finalize(id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(done.phase, Phase::Done);
+    let (code, said) = cli(&["drain", "shard_1", "--apply"]).await;
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(batches(&t).await, 1);
+    assert_eq!(t.placement("b").await, "shard_2");
+    for id in ["a", "b"] {
+        assert_eq!(
+            t.rows("shard_1", id).await,
+            (0, 0),
+            "tenant {id} on shard_1"
+        );
+    }
+    assert_eq!(t.rows("shard_2", "b").await, (10, 20));
+    assert!(objects(&t).await.is_empty(), "{:?}", objects(&t).await);
+    std::fs::remove_file(&file).unwrap();
+}
+
+#[tokio::test]
+async fn finalize_with_the_source_stopped_drops_the_way_back_on_the_target() {
+    let t = Topology::with_shards("finalize-down", 2).await;
+    t.add_tenant("a", "shard_1").await;
+    t.seed_orders("shard_1", "a", 30, 2).await;
+    let there = t
+        .mover(reversible(None))
+        .start(&tenant("a"), "shard_2")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let id = there.move_id;
+    let name = format!("sd_move_{id}_back");
+    // The source is gone (here: stopped) before the move is finalized.
+    t.shard_cluster("shard_1").stop();
+    let mover = t.mover(MoveOptions::default());
+    let done = mover.finalize(id).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(done.phase, Phase::Done);
+    assert!(done.finished_at.is_some() && done.keep_source);
+    // What it could not drop is said, with what drops it.
+    let left = done.last_error.clone().unwrap_or_default();
+    for said in [
+        "finalized without shard shard_1".to_owned(),
+        format!("left on shard shard_1: subscription {name}"),
+        format!("`shard-directory purge-source {id}`"),
+    ] {
+        assert!(left.contains(&said), "{left}");
+    }
+    // The target's slot and publication are gone: its WAL is no longer kept.
+    let target = t.shard("shard_2").await;
+    let slots: Vec<String> = column(
+        &target,
+        "SELECT slot_name::text FROM pg_replication_slots",
+        &[],
+    )
+    .await;
+    assert!(slots.is_empty(), "{slots:?}");
+    let publications: Vec<String> =
+        column(&target, "SELECT pubname::text FROM pg_publication", &[]).await;
+    assert!(publications.is_empty(), "{publications:?}");
+    assert_eq!(
+        t.entry("tenant", "a").await,
+        ("shard_2".into(), "active".into())
+    );
+    assert_eq!(t.rows("shard_2", "a").await, (30, 60));
+
+    // Back, shard_1 still holds the subscription and the rows: `cleanup` and `purge-source`
+    // clear them.
+    t.shard_cluster("shard_1").restart();
+    assert_eq!(objects(&t).await, [format!("shard_1: subscription {name}")]);
+    let dropped = mover.cleanup().await.unwrap();
+    assert_eq!(
+        dropped,
+        [format!("subscription {name} on shard_1")],
+        "{dropped:?}"
+    );
+    assert!(objects(&t).await.is_empty(), "{:?}", objects(&t).await);
+    assert_eq!(t.rows("shard_1", "a").await, (30, 60));
+    mover
+        .purge_source(id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(t.rows("shard_1", "a").await, (0, 0));
+    assert_eq!(
+        t.fence("shard_1", "a").await.as_deref(),
+        Some("moved:shard_2")
+    );
 }

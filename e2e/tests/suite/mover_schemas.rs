@@ -28,25 +28,6 @@ fn paced() -> MoveOptions {
     }
 }
 
-async fn on_every_shard(t: &Topology, sql: &str) {
-    for (name, _) in &t.shards {
-        t.shard(name)
-            .await
-            .batch_execute(sql)
-            .await
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-    }
-}
-
-async fn count(t: &Topology, shard: &str, sql: &str) -> i64 {
-    t.shard(shard)
-        .await
-        .query_one(sql, &[])
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-        .get(0)
-}
-
 /// `(shard_name, state)` of the entity's entry.
 async fn entry(t: &Topology, key: &EntityKey) -> (String, String) {
     t.entry(&key.entity_type, &key.entity_id).await
@@ -172,7 +153,7 @@ async fn every_common_key_type_moves_exactly_its_entity_and_its_fences_catch_eve
             kind = entity_type_of(i)
         ));
     }
-    on_every_shard(&t, &ddl).await;
+    t.on_every_shard(&ddl).await;
     for (i, case) in KEY_CASES.iter().enumerate() {
         let (table, kind) = (table_of(i), entity_type_of(i));
         let key = EntityKey::new(&kind, case.id);
@@ -189,8 +170,7 @@ async fn every_common_key_type_moves_exactly_its_entity_and_its_fences_catch_eve
         .await
         .unwrap();
         let rows = async |shard: &str, body: &str| {
-            count(
-                &t,
+            t.count(
                 shard,
                 &format!("SELECT count(*) FROM {table} WHERE body = '{body}'"),
             )
@@ -264,8 +244,7 @@ async fn every_common_key_type_moves_exactly_its_entity_and_its_fences_catch_eve
 #[tokio::test]
 async fn an_entity_id_that_is_not_canonical_for_its_key_is_refused_before_anything_moves() {
     let t = Topology::with_shards("canonical", 2).await;
-    on_every_shard(
-        &t,
+    t.on_every_shard(
         "CREATE TABLE accounts (account_id bigint PRIMARY KEY, name text);
          SELECT shard_directory.protect('accounts', 'account_id', 'account');
          CREATE TABLE devices (device_id uuid PRIMARY KEY);
@@ -311,17 +290,13 @@ async fn an_entity_id_that_is_not_canonical_for_its_key_is_refused_before_anythi
         ],
     )
     .await;
-    assert_eq!(
-        count(&t, "shard_2", "SELECT count(*) FROM accounts").await,
-        0
-    );
+    assert_eq!(t.count("shard_2", "SELECT count(*) FROM accounts").await, 0);
 }
 
 #[tokio::test]
 async fn a_table_that_may_hold_the_entitys_rows_must_be_protected_and_then_moves_with_it() {
     let t = Topology::with_shards("coverage", 2).await;
-    on_every_shard(
-        &t,
+    t.on_every_shard(
         "CREATE TABLE attachments (
              tenant_id text NOT NULL, order_id bigint NOT NULL, name text NOT NULL,
              PRIMARY KEY (tenant_id, order_id, name),
@@ -352,11 +327,8 @@ async fn a_table_that_may_hold_the_entitys_rows_must_be_protected_and_then_moves
         ],
     )
     .await;
-    on_every_shard(
-        &t,
-        "SELECT shard_directory.protect('attachments', 'tenant_id', 'tenant')",
-    )
-    .await;
+    t.on_every_shard("SELECT shard_directory.protect('attachments', 'tenant_id', 'tenant')")
+        .await;
     refused(
         &t,
         MoveOptions::default(),
@@ -380,15 +352,15 @@ async fn a_table_that_may_hold_the_entitys_rows_must_be_protected_and_then_moves
     let attachments = "SELECT count(*) FROM attachments WHERE tenant_id = 'a'";
     assert_eq!(
         (
-            count(&t, "shard_2", attachments).await,
-            count(&t, "shard_1", attachments).await
+            t.count("shard_2", attachments).await,
+            t.count("shard_1", attachments).await
         ),
         (10, 0),
         "the child rows moved, none lost to the cascade"
     );
     assert_eq!(t.rows("shard_2", "a").await, (10, 10));
     assert_eq!(
-        count(&t, "shard_1", "SELECT count(*) FROM audit_log").await,
+        t.count("shard_1", "SELECT count(*) FROM audit_log").await,
         1,
         "the unrelated table is left alone"
     );
@@ -397,8 +369,7 @@ async fn a_table_that_may_hold_the_entitys_rows_must_be_protected_and_then_moves
 #[tokio::test]
 async fn a_foreign_key_that_joins_two_entities_is_refused_and_aborts_a_frozen_move() {
     let t = Topology::with_shards("crossing", 2).await;
-    on_every_shard(
-        &t,
+    t.on_every_shard(
         "CREATE TABLE shared_notes (
              tenant_id text NOT NULL, id int NOT NULL, ref_tenant text, ref_order bigint,
              PRIMARY KEY (tenant_id, id),
@@ -410,12 +381,12 @@ async fn a_foreign_key_that_joins_two_entities_is_refused_and_aborts_a_frozen_mo
         t.add_tenant(id, "shard_1").await;
         t.seed_orders("shard_1", id, 3, 1).await;
     }
-    let order_of_a = count(
-        &t,
-        "shard_1",
-        "SELECT min(order_id) FROM orders WHERE tenant_id = 'a'",
-    )
-    .await;
+    let order_of_a = t
+        .count(
+            "shard_1",
+            "SELECT min(order_id) FROM orders WHERE tenant_id = 'a'",
+        )
+        .await;
     let cross = format!("INSERT INTO shared_notes VALUES ('b', 1, 'a', {order_of_a})");
     t.write_as_client("shard_1", &cross).await.unwrap();
     let key = EntityKey::new("tenant", "a");
@@ -467,8 +438,7 @@ async fn a_foreign_key_that_joins_two_entities_is_refused_and_aborts_a_frozen_mo
 #[tokio::test]
 async fn a_table_that_references_itself_moves_and_aborts_whatever_the_delete_batch() {
     let t = Topology::with_shards("selfref", 2).await;
-    on_every_shard(
-        &t,
+    t.on_every_shard(
         "CREATE TABLE folders (
              tenant_id text NOT NULL, id int NOT NULL, parent int,
              PRIMARY KEY (tenant_id, id),
@@ -499,7 +469,7 @@ async fn a_table_that_references_itself_moves_and_aborts_whatever_the_delete_bat
         let record = record.unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(record.phase, Phase::Done);
         assert_eq!(
-            (count(&t, to, folders).await, count(&t, from, folders).await),
+            (t.count(to, folders).await, t.count(from, folders).await),
             (50, 0)
         );
     }
@@ -512,7 +482,7 @@ async fn a_table_that_references_itself_moves_and_aborts_whatever_the_delete_bat
         Phase::Verified,
     )
     .await;
-    assert_eq!(count(&t, "shard_2", folders).await, 50);
+    assert_eq!(t.count("shard_2", folders).await, 50);
     let record = t
         .mover(small(MethodChoice::Copy))
         .abort(open)
@@ -521,8 +491,8 @@ async fn a_table_that_references_itself_moves_and_aborts_whatever_the_delete_bat
     assert_eq!(record.phase, Phase::Aborted);
     assert_eq!(
         (
-            count(&t, "shard_1", folders).await,
-            count(&t, "shard_2", folders).await
+            t.count("shard_1", folders).await,
+            t.count("shard_2", folders).await
         ),
         (50, 0)
     );
@@ -582,7 +552,7 @@ async fn verification_holds_between_shards_configured_differently_for_every_kind
         .batch_execute("CREATE TYPE shifts_the_oids AS ENUM ('x')")
         .await
         .unwrap();
-    on_every_shard(&t, TYPED).await;
+    t.on_every_shard(TYPED).await;
     t.add_tenant("a", "shard_1").await;
     t.write_as_client("shard_1", TYPED_ROWS).await.unwrap();
     let original = typed_rows(&t, "shard_1").await;
@@ -615,8 +585,7 @@ async fn changed_rows_are_found_by_keys_of_every_common_type_between_shards_conf
         ("extra_float_digits", "0"),
     ];
     let t = Topology::configured("changedkeys", &[&[], other_settings]).await;
-    on_every_shard(
-        &t,
+    t.on_every_shard(
         "CREATE TABLE stamped (
              tenant_id text NOT NULL, code character(6) NOT NULL, at timestamptz NOT NULL,
              id uuid NOT NULL, amount numeric NOT NULL, f double precision NOT NULL, body text,
@@ -678,9 +647,7 @@ async fn changed_rows_are_found_by_keys_of_every_common_type_between_shards_conf
 #[tokio::test]
 async fn a_copy_move_carries_a_type_without_a_binary_form() {
     let t = Topology::with_shards("isn", 2).await;
-    on_every_shard(
-        &t,
-        "CREATE EXTENSION isn;
+    t.on_every_shard("CREATE EXTENSION isn;
          CREATE TABLE books (tenant_id text NOT NULL, isbn isbn NOT NULL, PRIMARY KEY (tenant_id, isbn));
          SELECT shard_directory.protect('books', 'tenant_id', 'tenant');",
     )
@@ -699,8 +666,7 @@ async fn a_copy_move_carries_a_type_without_a_binary_form() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(record.phase, Phase::Done);
     assert_eq!(
-        count(
-            &t,
+        t.count(
             "shard_2",
             "SELECT count(*) FROM books WHERE tenant_id = 'a'"
         )
@@ -712,9 +678,7 @@ async fn a_copy_move_carries_a_type_without_a_binary_form() {
 #[tokio::test]
 async fn every_sequence_the_entitys_tables_draw_from_is_advanced_on_the_target() {
     let t = Topology::with_shards("sequences", 2).await;
-    on_every_shard(
-        &t,
-        "CREATE SEQUENCE ticket_seq;
+    t.on_every_shard("CREATE SEQUENCE ticket_seq;
          CREATE TABLE tickets (tenant_id text NOT NULL, id bigint NOT NULL DEFAULT nextval('ticket_seq'), PRIMARY KEY (tenant_id, id));
          SELECT shard_directory.protect('tickets', 'tenant_id', 'tenant');",
     )
@@ -771,11 +735,119 @@ async fn every_sequence_the_entitys_tables_draw_from_is_advanced_on_the_target()
     }
 }
 
+/// Shards whose sequences interleave (INCREMENT 16, START 1 on shard_1 and 2 on shard_2) mint
+/// order ids no other shard mints. A reversible move leaves the target minting in its own residue
+/// class, past every id the source minted: the ids it mints for the moved tenant, carried back by
+/// the way back, meet none the source minted meanwhile for another tenant, and the revert brings
+/// every row back once. A sequence that runs the other way on the target is refused.
+#[tokio::test]
+async fn interleaved_sequences_keep_each_shards_ids_apart_through_a_move_and_its_revert() {
+    let t = Topology::with_shards("interleaved", 2).await;
+    for (shard, start) in [("shard_1", 1), ("shard_2", 2)] {
+        t.shard(shard)
+            .await
+            .batch_execute(&format!(
+                "ALTER TABLE orders ALTER COLUMN order_id
+                   SET INCREMENT BY 16 SET START WITH {start} RESTART;
+                 CREATE UNIQUE INDEX orders_order_id ON orders (order_id);"
+            ))
+            .await
+            .unwrap();
+    }
+    let shard_2 = t.shard("shard_2").await;
+    let direction = async |increment: i32| {
+        shard_2
+            .batch_execute(&format!(
+                "ALTER TABLE orders ALTER COLUMN order_id
+                   SET INCREMENT BY {increment} SET MINVALUE -1000000 RESTART"
+            ))
+            .await
+            .unwrap();
+    };
+    for id in ["a", "b"] {
+        t.add_tenant(id, "shard_1").await;
+    }
+    t.seed_orders("shard_1", "a", 3, 1).await;
+    t.seed_orders("shard_1", "b", 2, 1).await;
+    let key = EntityKey::new("tenant", "a");
+    let reversible = MoveOptions {
+        reversible: true,
+        ..Default::default()
+    };
+    direction(-16).await;
+    refused(
+        &t,
+        reversible.clone(),
+        &key,
+        "shard_2",
+        &[
+            "sequence public.orders_order_id_seq increments by 16 on source shard shard_1 but \
+             by -16 on target shard shard_2",
+            "with the same sign on both shards",
+        ],
+    )
+    .await;
+    direction(16).await;
+
+    let there = t
+        .mover(reversible)
+        .start(&key, "shard_2")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(there.phase, Phase::Reversible);
+    // Another tenant's order on the source, then the moved tenant's on the target; the way back
+    // carries the latter to the source.
+    let router = t.connected_router().await;
+    for (id, item) in [("b", "b on shard_1"), ("a", "a on shard_2")] {
+        Topology::order(&router, id, item)
+            .await
+            .unwrap_or_else(|e| panic!("{item}: {e}"));
+    }
+    let back = t
+        .mover(MoveOptions::default())
+        .revert(there.move_id)
+        .await
+        .unwrap_or_else(|e| panic!("the revert: {e}"));
+    assert_eq!(back.phase, Phase::Done);
+    Topology::order(&router, "a", "a back on shard_1")
+        .await
+        .unwrap();
+
+    let ids = async |shard: &str| -> Vec<String> {
+        column(
+            &t.shard(shard).await,
+            "SELECT format('%s %s: %s', tenant_id, item, order_id % 16) FROM orders \
+             ORDER BY tenant_id, order_id",
+            &[],
+        )
+        .await
+    };
+    // Each id in the residue class of the shard that minted it, every row once, where the
+    // directory says.
+    assert_eq!(
+        ids("shard_1").await,
+        [
+            "a seed a 1: 1",
+            "a seed a 2: 1",
+            "a seed a 3: 1",
+            "a a on shard_2: 2",
+            "a a back on shard_1: 1",
+            "b seed b 1: 1",
+            "b seed b 2: 1",
+            "b b on shard_1: 1",
+        ]
+    );
+    assert!(
+        ids("shard_2").await.is_empty(),
+        "the revert cleared shard_2"
+    );
+    assert_eq!(t.placement("a").await, "shard_1");
+}
+
 #[tokio::test]
 async fn a_logical_move_whose_rows_reference_what_the_target_lacks_waits_for_them() {
     let t = Topology::with_shards("missingref", 2).await;
-    on_every_shard(
-        &t,
+    t.on_every_shard(
         "CREATE TABLE products (sku text PRIMARY KEY);
          CREATE TABLE cart (tenant_id text NOT NULL, sku text NOT NULL REFERENCES products,
                             PRIMARY KEY (tenant_id, sku));
@@ -821,15 +893,14 @@ async fn a_logical_move_whose_rows_reference_what_the_target_lacks_waits_for_the
         .unwrap();
     let done = mover.resume(failure.move_id.unwrap()).await.unwrap();
     assert_eq!(done.phase, Phase::Done);
-    assert_eq!(count(&t, "shard_2", "SELECT count(*) FROM cart").await, 2);
-    assert_eq!(count(&t, "shard_1", "SELECT count(*) FROM cart").await, 0);
+    assert_eq!(t.count("shard_2", "SELECT count(*) FROM cart").await, 2);
+    assert_eq!(t.count("shard_1", "SELECT count(*) FROM cart").await, 0);
 }
 
 #[tokio::test]
 async fn a_partition_whose_replica_identity_leaves_out_the_key_is_named_with_its_fix() {
     let t = Topology::with_shards("identity", 2).await;
-    on_every_shard(
-        &t,
+    t.on_every_shard(
         "CREATE TABLE events (tenant_id text NOT NULL, id bigint NOT NULL, seq bigint NOT NULL,
                               PRIMARY KEY (tenant_id, id)) PARTITION BY HASH (tenant_id);
          CREATE TABLE events_0 PARTITION OF events FOR VALUES WITH (MODULUS 2, REMAINDER 0);
@@ -874,8 +945,7 @@ async fn a_partition_whose_replica_identity_leaves_out_the_key_is_named_with_its
 #[tokio::test]
 async fn a_key_column_no_index_leads_is_warned_about_with_its_create_index() {
     let t = Topology::with_shards("keyindex", 2).await;
-    on_every_shard(
-        &t,
+    t.on_every_shard(
         "CREATE TABLE \"Notes\" (id bigint PRIMARY KEY, tenant_id text NOT NULL, body text);
          SELECT shard_directory.protect('\"Notes\"', 'tenant_id', 'tenant');",
     )

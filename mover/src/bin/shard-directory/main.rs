@@ -77,9 +77,9 @@ struct Tuning {
     /// How much longer than --max-freeze a freeze holds when no mover ends it.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s", global = true)]
     lease_grace: Duration,
-    /// How long a move keeps trying to reach its directory again when it stops answering (a
-    /// crash, a failover: give the directory's hosts as host=a,b target_session_attrs=read-write),
-    /// then goes on from its record. 0s: it stops, resumable.
+    /// How long a move, or a batch's runner, keeps trying to reach its directory again when it
+    /// stops answering (a crash, a failover: give the directory's hosts as host=a,b
+    /// target_session_attrs=read-write), then goes on from its record. 0s: it stops, resumable.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "60s", global = true)]
     directory_patience: Duration,
     /// Print the result as JSON on stdout (move, resume, abort, purge-source).
@@ -463,30 +463,48 @@ enum Outcome {
     Usage(String),
 }
 
-fn exit_code(left: Left) -> u8 {
+/// The exit code of a move that failed: 4 busy, else as it was left.
+fn exit_code(f: &Failure) -> u8 {
+    match (&f.error, f.left) {
+        (Error::Busy { .. }, _) => 4,
+        (_, Left::Untouched | Left::Aborted) => 1,
+        (_, Left::Resumable | Left::Released) => 3,
+    }
+}
+
+/// How a failed move was left, as `--json` says it.
+fn left_name(left: Left) -> &'static str {
     match left {
-        Left::Untouched | Left::Aborted => 1,
-        Left::Resumable | Left::Released => 3,
+        Left::Untouched => "untouched",
+        Left::Aborted => "aborted",
+        Left::Released => "released",
+        Left::Resumable => "resumable",
+    }
+}
+
+/// The exit code of an error that ended a command.
+fn error_code(e: &Error) -> u8 {
+    match e {
+        Error::Config(_) => 2,
+        Error::Busy { .. } | Error::BatchBusy { .. } => 4,
+        // A batch's runner stopped, its moves left where they were, resumable.
+        Error::BatchStopped { .. } => 3,
+        _ => 1,
     }
 }
 
 impl From<Error> for Outcome {
     fn from(e: Error) -> Outcome {
-        match e {
-            Error::Config(_) => Outcome::Usage(e.to_string()),
-            Error::Busy { .. } | Error::BatchBusy { .. } => Outcome::Failed(4, e.to_string()),
-            other => Outcome::Failed(1, other.to_string()),
+        match error_code(&e) {
+            2 => Outcome::Usage(e.to_string()),
+            code => Outcome::Failed(code, e.to_string()),
         }
     }
 }
 
 impl From<Failure> for Outcome {
     fn from(f: Failure) -> Outcome {
-        let code = match f.error {
-            Error::Busy { .. } => 4,
-            _ => exit_code(f.left),
-        };
-        Outcome::Failed(code, f.to_string())
+        Outcome::Failed(exit_code(&f), f.to_string())
     }
 }
 
@@ -503,17 +521,11 @@ fn report(result: Result<MoveRecord, Failure>, as_json: bool) -> Result<(), Outc
         }
         (Err(failure), false) => Err(failure.into()),
         (Err(failure), true) => {
-            let left = match failure.left {
-                Left::Untouched => "untouched",
-                Left::Aborted => "aborted",
-                Left::Released => "released",
-                Left::Resumable => "resumable",
-            };
             println!(
                 "{}",
                 json(&json!({
                     "error": failure.error.to_string(),
-                    "left": left,
+                    "left": left_name(failure.left),
                     "move_id": failure.move_id,
                     "phase": failure.phase.map(|p| p.as_str()),
                     "abort_error": failure.abort_error.as_ref().map(|e| e.to_string()),
@@ -723,10 +735,10 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
             BatchWhat::Abort { batch_id } => {
                 many::print_status(&mover.abort_batch(batch_id).await?, as_json)
             }
-            BatchWhat::Resume { batch_id } => {
-                let results = mover.resume_batch(batch_id).await?;
-                many::report(batch_id, &results, as_json)?
-            }
+            BatchWhat::Resume { batch_id } => match mover.resume_batch(batch_id).await {
+                Ok(run) => many::report(batch_id, run, as_json)?,
+                Err(e) => return Err(many::failed(Some(batch_id), e, as_json)),
+            },
         },
         Command::Resume { move_id } => {
             let work = mover.resume(move_id);
@@ -986,6 +998,9 @@ async fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .init();
+    // The sweep's faults, from FAILPOINTS (a build with the feature `failpoints` only).
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     let outcome = match run(Cli::parse()).await {
         Ok(()) => Outcome::Done,
         Err(o) => o,

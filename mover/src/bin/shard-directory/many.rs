@@ -5,11 +5,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use shard_directory_mover::{
-    BatchOptions, BatchPlan, BatchStatus, Fleet, Left, MethodChoice, MoveChoices, Mover,
-    Outcome as Moved, PlannedMove, Weigh,
+    BatchOptions, BatchPlan, BatchRun, BatchStatus, Error, Fleet, Left, MethodChoice, MoveChoices,
+    Mover, Outcome as Moved, Weigh,
 };
 
-use super::{json as pretty, summary, MethodArg, Outcome};
+use super::{error_code, exit_code, json as pretty, left_name, summary, MethodArg, Outcome};
 use serde_json::json;
 
 /// How many moves of a plan run at once.
@@ -138,31 +138,67 @@ pub async fn run_file(
 }
 
 /// Records the plan as a batch, says its id (to pause or abort it from elsewhere), and runs it.
+/// Not recorded, nothing changed (exit 1); recorded, a runner that cannot go on leaves it
+/// running, for `batch resume` (exit 3). Either way `--json` says so.
 async fn run(
     mover: &Mover,
     plan: &BatchPlan,
     options: BatchOptions,
     as_json: bool,
 ) -> Result<(), Outcome> {
-    let batch_id = mover.record_batch(plan, options).await?;
+    let batch_id = match mover.record_batch(plan, options).await {
+        Ok(id) => id,
+        Err(e) => return Err(failed(None, e, as_json)),
+    };
     eprintln!(
         "batch {batch_id}: {} moves; `shard-directory batch pause|abort|status {batch_id}`",
         plan.moves.len()
     );
-    let results = mover.resume_batch(batch_id).await?;
-    report(batch_id, &results, as_json)
+    match mover.resume_batch(batch_id).await {
+        Ok(run) => report(batch_id, run, as_json),
+        Err(e) => Err(failed(Some(batch_id), e, as_json)),
+    }
 }
 
-/// Reports each move of batch `batch_id`'s run; exit 3 when a move was left resumable, 1 when
-/// one failed otherwise.
-pub fn report(
-    batch_id: i64,
-    results: &[(PlannedMove, Moved)],
-    as_json: bool,
-) -> Result<(), Outcome> {
+/// A batch command that stopped on `e` before any move's outcome: untouched when no batch was
+/// recorded (or it had nothing to run), else left running (resumable), unless another process
+/// holds it.
+pub fn failed(batch_id: Option<i64>, e: Error, as_json: bool) -> Outcome {
+    let code = match (&e, batch_id) {
+        (Error::Config(_), _) => return e.into(),
+        (Error::BatchBusy { .. } | Error::Busy { .. }, _) => 4,
+        // Nothing to run: a batch finished, or none such.
+        (Error::Preflight { .. } | Error::UnknownBatch(_), _) => 1,
+        (_, Some(_)) => 3,
+        (_, None) => 1,
+    };
+    let left = if code == 1 { "untouched" } else { "resumable" };
+    if as_json {
+        println!(
+            "{}",
+            pretty(&json!({"batch_id": batch_id, "error": e.to_string(), "left": left}))
+        );
+    }
+    let next = match batch_id {
+        Some(id) if code == 3 => {
+            format!("\nbatch {id} is left running: `shard-directory batch resume {id}` goes on")
+        }
+        _ => String::new(),
+    };
+    Outcome::Failed(code, format!("{e}{next}"))
+}
+
+/// Reports each move of batch `batch_id`'s run, and why its runner stopped if it did. The exit
+/// code is the worst of the failed moves' (3 left resumable, 1 aborted or untouched, 4 busy)
+/// and of the runner's stop (3: the batch is left running; 4 another runner holds it).
+pub fn report(batch_id: i64, run: BatchRun, as_json: bool) -> Result<(), Outcome> {
     let mut code = 0;
     let mut report = Vec::new();
-    for (m, outcome) in results {
+    let not_started = match run.stopped {
+        Some(_) => "not started (the runner stopped first)",
+        None => "not started (the batch was paused or aborted)",
+    };
+    for (m, outcome) in &run.moves {
         let what = format!("{}/{} {} -> {}", m.entity_type, m.entity_id, m.from, m.to);
         let (line, entry) = match outcome {
             Moved::Moved(record) => (
@@ -174,16 +210,17 @@ pub fn report(
                 json!({"outcome": "skipped", "why": why}),
             ),
             Moved::NotStarted => (
-                format!("{what}: not started (the batch was paused or aborted)"),
+                format!("{what}: {not_started}"),
                 json!({"outcome": "not_started"}),
             ),
             Moved::Failed(failure) => {
+                code = code.max(exit_code(failure));
                 let resumable = matches!(failure.left, Left::Resumable | Left::Released);
-                code = code.max(if resumable { 3 } else { 1 });
                 (
                     format!("{what}: failed: {failure}"),
                     json!({"outcome": "failed", "move_id": failure.move_id,
-                           "error": failure.error.to_string(), "resumable": resumable}),
+                           "error": failure.error.to_string(), "left": left_name(failure.left),
+                           "resumable": resumable}),
                 )
             }
         };
@@ -198,27 +235,36 @@ pub fn report(
             println!("{line}");
         }
     }
+    let stopped = run.stopped.as_ref().map(|e| e.to_string());
     if as_json {
         println!(
             "{}",
-            pretty(&json!({"batch_id": batch_id, "moves": report}))
+            pretty(&json!({"batch_id": batch_id, "moves": report, "stopped": stopped}))
         );
     } else {
         println!("batch {batch_id}: `shard-directory batch status {batch_id}` shows it");
     }
-    let failed = results
+    let failed = run
+        .moves
         .iter()
         .filter(|(_, o)| matches!(o, Moved::Failed(_)))
         .count();
-    match code {
+    let mut why = Vec::new();
+    if failed > 0 {
+        why.push(format!(
+            "{failed} of {} moves of batch {batch_id} failed; `batch resume {batch_id}` goes on",
+            run.moves.len()
+        ));
+    }
+    why.extend(stopped);
+    // A runner that stopped leaves its batch running: resumable, unless another one holds it.
+    let stopped_code = |e: &Error| match error_code(e) {
+        4 => 4,
+        _ => 3,
+    };
+    match run.stopped.iter().map(stopped_code).fold(code, u8::max) {
         0 => Ok(()),
-        _ => Err(Outcome::Failed(
-            code,
-            format!(
-                "{failed} of {} moves of batch {batch_id} failed; `batch resume {batch_id}` goes on",
-                results.len()
-            ),
-        )),
+        code => Err(Outcome::Failed(code, why.join("\n"))),
     }
 }
 
