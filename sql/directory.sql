@@ -39,7 +39,11 @@ CREATE INDEX shard_directory_shard_idx ON shard_directory (shard_name)
 CREATE TABLE shard_directory_version (
     id          bool PRIMARY KEY DEFAULT true CHECK (id),
     version     bigint NOT NULL,
-    updated_at  timestamptz NOT NULL DEFAULT now()
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    -- Which history the versions belong to (docs/directory.md, "One history"): replaced by the
+    -- first change a server makes that did not mint it (after a restart, a promotion, a restore).
+    lineage     text NOT NULL DEFAULT '',
+    lineage_minted_by text NOT NULL DEFAULT ''
 ) WITH (fillfactor = 10);
 INSERT INTO shard_directory_version (version) VALUES (0);
 

@@ -171,8 +171,11 @@ STABLE STRICT
 -- what admits a caller.
 LANGUAGE c AS 'MODULE_PATHNAME', 'changes_since_native';
 
--- Which history the directory's versions belong to: a new value after a promotion or a restore
--- (src/directory/epoch.rs). Clients read it with every version.
+-- Which history the directory's versions belong to: a new value once a restored or promoted
+-- copy changes the directory (src/directory/epoch.rs). Clients read it with every version.
+ALTER TABLE shard_directory_version
+    ADD COLUMN lineage text NOT NULL DEFAULT '',
+    ADD COLUMN lineage_minted_by text NOT NULL DEFAULT '';
 CREATE FUNCTION "directory_epoch"() RETURNS text
 STRICT STABLE PARALLEL SAFE
 LANGUAGE c

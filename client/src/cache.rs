@@ -369,16 +369,21 @@ impl Cache {
     }
 
     /// Stores `entry`, which another instance read at `entry.directory_version` in the
-    /// directory's epoch `read_in` (the shared cache's). A read at or after the known version is
-    /// an ordinary fill. An older read is current when the change log says its key did not
-    /// change since: the entry is then the directory's entry at the known version, as a read
-    /// now would be. Checked and stored in the writers' turn, so no advance runs in between.
+    /// directory's epoch `read_in` (the shared cache's). A read at the known version is an
+    /// ordinary fill; one past it is refused until the directory says that version (another
+    /// instance may have read a history the directory has since gone back from, as after a
+    /// restore, in the same epoch until the restored directory's first change). An older read is
+    /// current when the change log says its key did not change since: the entry is then the
+    /// directory's entry at the known version, as a read now would be. Checked and stored in the
+    /// writers' turn, so no advance runs in between.
     #[cfg(any(feature = "redis", test))]
     pub fn fill_shared(&self, key: &EntityKey, entry: Entry, read_in: Option<&str>) -> Shared {
         let read_at = entry.directory_version;
         let turn = self.lock();
         let known = self.version.load(SeqCst);
-        let floor = if read_at >= known {
+        let floor = if read_at > known {
+            return Shared::Refused;
+        } else if read_at == known {
             known
         } else {
             match turn.since(&CacheKey::from(key), read_at) {

@@ -300,6 +300,7 @@ impl Directory {
                 store: store.clone(),
                 connect_timeout: settings.connect_timeout,
                 max_backoff: settings.max_reconnect_backoff,
+                asked: std::sync::Mutex::default(),
             }),
             None => None,
         };
@@ -459,7 +460,7 @@ impl Directory {
                 }
             }
             let history = inner.cache.history();
-            let Fetched(entry, at, read_in) =
+            let Fetched(entry, at, read_in, _) =
                 inner.store.fetch(key, known, history.as_deref()).await?;
             #[cfg(feature = "test-hooks")]
             {

@@ -33,11 +33,14 @@ pub mod names {
     pub const SHARED_CACHE: &str = "shard_directory_shared_cache_total";
     /// Counter, label `result`: reads sent to a directory replica (`served`; `behind`: it had
     /// not replayed the version needed within `replica_wait`; `elsewhere`: another epoch than
-    /// the client's; `failed`). All but `served` were then made on the primary.
+    /// the client's; `promoted`: the server is no longer a standby; `ahead`: past the newest
+    /// version the primary said; `failed`). All but `served` were then made on the primary.
     pub const REPLICA_READS: &str = "shard_directory_replica_reads_total";
     /// Counter, label `result`: the relay's messages (`taken`; `forged`: not sealed with the
     /// key; `malformed`; `old`: sealed longer ago than `max_age`; `elsewhere`: another epoch
-    /// than the client's). Only `taken` ones change the cache.
+    /// than the client's; `behind`: below the version the client knows). Only `taken` ones
+    /// change the cache; an `elsewhere` or `behind` one makes the client ask the directory
+    /// itself (at most once a second), which alone says the history changed or went back.
     pub const RELAY_MESSAGES: &str = "shard_directory_relay_messages_total";
     /// Gauge: the directory version this client knows.
     pub const VERSION: &str = "shard_directory_version";

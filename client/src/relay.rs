@@ -80,7 +80,12 @@ pub(crate) struct Subscriber {
     pub store: Arc<Store>,
     pub connect_timeout: Duration,
     pub max_backoff: Duration,
+    /// When a message last made this client ask the directory itself.
+    pub asked: std::sync::Mutex<Option<std::time::Instant>>,
 }
+
+/// How often a message the client cannot take makes it ask the directory.
+const ASKED_EVERY: Duration = Duration::from_secs(1);
 
 impl Subscriber {
     pub async fn run(self) {
@@ -103,18 +108,50 @@ impl Subscriber {
             Ok(Err(e)) => return e.to_string(),
             Err(_) => return format!("no connection within {:?}", self.connect_timeout),
         };
-        if let Err(e) = pubsub.subscribe(&self.config.channel).await {
-            return e.to_string();
+        let subscribe = pubsub.subscribe(&self.config.channel);
+        match tokio::time::timeout(self.connect_timeout, subscribe).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return e.to_string(),
+            Err(_) => return format!("no subscription within {:?}", self.connect_timeout),
         }
         let mut messages = pubsub.on_message();
-        while let Some(message) = messages.next().await {
+        // The relay publishes at least every heartbeat: a subscription silent for longer than
+        // the watcher waits is taken for a dead connection (a black-holed Redis never closes
+        // it) and made again.
+        let quiet = self.config.silence.max(Duration::from_secs(1)) * 2;
+        loop {
+            let message = match tokio::time::timeout(quiet, messages.next()).await {
+                Ok(Some(message)) => message,
+                Ok(None) => return "the subscription closed".into(),
+                Err(_) => return format!("no message within {quiet:?}"),
+            };
             *failures = 0;
             match message.get_payload::<String>() {
                 Ok(payload) => self.take(&payload).await,
                 Err(_) => self.counters.relay_message("malformed"),
             }
         }
-        "the subscription closed".into()
+    }
+
+    /// Reads what changed since `known` on the directory's primary and applies it (a new epoch
+    /// or a lower version flushes the cache there), at most once per [`ASKED_EVERY`]: a relay
+    /// that reads a restored or promoted directory sends messages a client must not take, and
+    /// without its own LISTEN the client would otherwise never hear the directory say so.
+    async fn ask_the_directory(&self, known: i64) {
+        {
+            let mut asked = self.asked.lock().expect("asked lock");
+            if asked.is_some_and(|at| at.elapsed() < ASKED_EVERY) {
+                return;
+            }
+            *asked = Some(std::time::Instant::now());
+        }
+        match self.store.changes_since(known).await {
+            Ok(changes) => {
+                self.watch
+                    .learned(&self.cache, &self.counters, &changes, true);
+            }
+            Err(e) => tracing::debug!(error = %e, "asking the directory about a relay message"),
+        }
     }
 
     /// Applies one message, when it may be taken.
@@ -130,11 +167,17 @@ impl Subscriber {
         if now.abs_diff(change.sealed_at_ms) > self.config.max_age.as_millis() as u64 {
             return self.counters.relay_message("old");
         }
-        // Only the directory itself says the history changed.
-        if self.cache.history().as_deref() != Some(change.epoch.as_str()) {
-            return self.counters.relay_message("elsewhere");
-        }
+        // Only the directory itself says the history changed, or went back: a message of
+        // another epoch, or below the version known, is a question put to it.
         let known = self.cache.version();
+        if self.cache.history().as_deref() != Some(change.epoch.as_str()) {
+            self.counters.relay_message("elsewhere");
+            return self.ask_the_directory(known).await;
+        }
+        if change.version < known {
+            self.counters.relay_message("behind");
+            return self.ask_the_directory(known).await;
+        }
         let changes = if change.since > known {
             // A message was missed (or this client is behind): the directory says what changed.
             match self.store.changes_since(known).await {
@@ -156,6 +199,7 @@ impl Subscriber {
                         .collect()
                 }),
                 epoch: Some(change.epoch),
+                recovering: false,
             }
         };
         self.watch

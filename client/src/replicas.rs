@@ -34,9 +34,17 @@ pub(crate) struct Replicas {
     opened: Instant,
 }
 
-/// A read's version and the directory's epoch it was read in.
+/// Where a read stands: its version, the directory's epoch it was read in, and whether the
+/// server was a standby then.
+pub(crate) struct Read<'a> {
+    pub version: i64,
+    pub epoch: Option<&'a str>,
+    pub recovering: bool,
+}
+
+/// A read that says where it stands.
 pub(crate) trait Versioned {
-    fn read_at(&self) -> (i64, Option<&str>);
+    fn read_at(&self) -> Read<'_>;
 }
 
 impl Replicas {
@@ -81,11 +89,14 @@ impl Replicas {
     }
 
     /// `read` made on a replica, once it has replayed `at_least` in the epoch `history` (`None`:
-    /// any); `None` when no replica could within the wait (the caller reads the primary).
+    /// any), while it is a standby and not past what the primary said (`confirmed`: its epoch
+    /// and newest version); `None` when no replica could within the wait (the caller reads the
+    /// primary).
     pub async fn read<'s, T: Versioned>(
         &'s self,
         at_least: i64,
         history: Option<&str>,
+        confirmed: &(Option<String>, i64),
         counters: &Counters,
         read: impl Fn(&'s Pool) -> BoxFuture<'s, Result<T>>,
     ) -> Option<T> {
@@ -94,11 +105,27 @@ impl Replicas {
         loop {
             match read(&replica.pool).await {
                 Ok(found) => {
-                    let (at, epoch) = found.read_at();
-                    if history.is_some() && epoch != history {
+                    let Read {
+                        version: at,
+                        epoch,
+                        recovering,
+                    } = found.read_at();
+                    if !recovering {
+                        // Promoted (a failover's, or a stray one): it goes on a history of its
+                        // own, which only the primary may say is the directory's.
+                        counters.replica_read("promoted");
+                        return None;
+                    }
+                    if (history.is_some() && epoch != history) || epoch != confirmed.0.as_deref() {
                         // Still replaying a history the primary left (or not yet the one it
                         // is on): only the primary says which history is current.
                         counters.replica_read("elsewhere");
+                        return None;
+                    }
+                    if at > confirmed.1 {
+                        // Past what the primary said: a standby that replayed commits a
+                        // restored primary no longer has looks just like one that is ahead.
+                        counters.replica_read("ahead");
                         return None;
                     }
                     if at >= at_least {

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::metrics::Counters;
 use crate::name::Name;
 use crate::pool::{self, Connector, Timeouts};
-use crate::replicas::{Replicas, Versioned};
+use crate::replicas::{Read, Replicas, Versioned};
 use crate::statements::Statements;
 use tokio_postgres::types::Type;
 
@@ -24,12 +24,21 @@ macro_rules! fetch {
     ($epoch:expr) => {
         concat!(
             "SELECT v.version, d.shard_name, d.target_shard, d.state, d.region, d.version",
+            recovering!(),
             $epoch,
             " FROM shard_directory.shard_directory_version v \
              LEFT JOIN shard_directory.shard_directory d \
                ON d.entity_type = $1 AND d.entity_id = $2 \
              WHERE v.id"
         )
+    };
+}
+
+/// Whether the server is a standby, as a column of every read: a replica's read is taken only
+/// while it is one (a promoted server goes on a history of its own).
+macro_rules! recovering {
+    () => {
+        ", pg_catalog.pg_is_in_recovery() AS recovering"
     };
 }
 
@@ -48,6 +57,7 @@ macro_rules! version {
     ($epoch:expr) => {
         concat!(
             "SELECT version, extract(epoch FROM now() - updated_at)::float8",
+            recovering!(),
             $epoch,
             " FROM shard_directory.shard_directory_version WHERE id"
         )
@@ -59,6 +69,7 @@ macro_rules! changes_since {
     ($args:expr) => {
         concat!(
             "SELECT version, age, complete, entity_types, entity_ids, versions",
+            recovering!(),
             epoch!(),
             " FROM shard_directory.changes_since(",
             $args,
@@ -90,19 +101,27 @@ pub(crate) fn needs(read: usize) -> &'static str {
     }
 }
 
-/// A fill's read: the entry (`None`: the directory has none), the version it was read at, and
-/// the directory's epoch then (when the directory can say).
-pub(crate) struct Fetched(pub Option<Entry>, pub i64, pub Option<String>);
+/// A fill's read: the entry (`None`: the directory has none), the version it was read at, the
+/// directory's epoch then (when the directory can say), and whether the server was a standby.
+pub(crate) struct Fetched(pub Option<Entry>, pub i64, pub Option<String>, pub bool);
 
 impl Versioned for Fetched {
-    fn read_at(&self) -> (i64, Option<&str>) {
-        (self.1, self.2.as_deref())
+    fn read_at(&self) -> Read<'_> {
+        Read {
+            version: self.1,
+            epoch: self.2.as_deref(),
+            recovering: self.3,
+        }
     }
 }
 
 impl Versioned for Changes {
-    fn read_at(&self) -> (i64, Option<&str>) {
-        (self.version, self.epoch.as_deref())
+    fn read_at(&self) -> Read<'_> {
+        Read {
+            version: self.version,
+            epoch: self.epoch.as_deref(),
+            recovering: self.recovering,
+        }
     }
 }
 
@@ -119,6 +138,8 @@ pub(crate) struct Changes {
     pub changed: Option<Vec<(EntityKey, i64)>>,
     /// The directory's epoch (`None`: an extension without `directory_epoch()`).
     pub epoch: Option<String>,
+    /// Whether the server read was a standby.
+    pub recovering: bool,
 }
 
 impl Changes {
@@ -143,6 +164,7 @@ impl Changes {
             age: Duration::try_from_secs_f64(row.get::<_, f64>(1)).ok(),
             changed,
             epoch: has("epoch").then(|| row.get("epoch")),
+            recovering: row.get("recovering"),
         }
     }
 
@@ -187,6 +209,10 @@ pub(crate) struct Store {
     /// When a query last came back, as time since `opened`.
     answered: AtomicU64,
     opened: Instant,
+    /// The newest version the primary itself said (read there, or notified from there), in its
+    /// epoch: a replica's read above it is not taken, so that a standby still serving a history
+    /// the primary went back from (a restore) cannot bring that history back.
+    confirmed: std::sync::Mutex<(Option<String>, i64)>,
 }
 
 /// A connection-level failure means "unreachable", and so does a server that answers only to
@@ -243,6 +269,7 @@ impl Store {
             fetch: AtomicUsize::new(0),
             answered: AtomicU64::new(0),
             opened: Instant::now(),
+            confirmed: std::sync::Mutex::new((None, i64::MIN)),
         })
     }
 
@@ -259,7 +286,7 @@ impl Store {
         let timeouts = self.timeouts;
         let waited = self.since_opened();
         // Whether the directory answers is the primary's to say.
-        let primary = std::ptr::eq(pool, &self.pool);
+        let primary = self.is_primary(pool);
         let client = pool.get().await.map_err(|e| {
             let answering = primary && self.answered.load(Ordering::Relaxed) > waited;
             pool_error(e, timeouts, answering)
@@ -281,6 +308,32 @@ impl Store {
                 })
             }
         }
+    }
+
+    fn is_primary(&self, pool: &Pool) -> bool {
+        std::ptr::eq(pool, &self.pool)
+    }
+
+    /// The primary read `version` in `epoch`. Below what it said before in that epoch: it went
+    /// back (a restore), or an older read ended late; either way replicas are trusted only up to
+    /// it until the primary says more.
+    pub fn primary_said(&self, epoch: Option<&str>, version: i64) {
+        let mut confirmed = self.confirmed.lock().expect("confirmed lock");
+        if confirmed.0.as_deref() != epoch || confirmed.1 != version {
+            *confirmed = (epoch.map(str::to_owned), version);
+        }
+    }
+
+    /// The primary notified `version` (on the watcher's LISTEN session, in the epoch it last
+    /// said): replicas may serve up to it.
+    pub fn primary_notified(&self, version: i64) {
+        let mut confirmed = self.confirmed.lock().expect("confirmed lock");
+        confirmed.1 = confirmed.1.max(version);
+    }
+
+    /// What replicas may serve: reads in this epoch up to this version.
+    fn confirmed(&self) -> (Option<String>, i64) {
+        self.confirmed.lock().expect("confirmed lock").clone()
     }
 
     fn since_opened(&self) -> u64 {
@@ -322,9 +375,10 @@ impl Store {
         history: Option<&str>,
     ) -> Result<Fetched> {
         let on_replica = |pool| Box::pin(self.fetch_on(pool, key)) as _;
+        let confirmed = self.confirmed();
         match self
             .replicas
-            .read(at_least, history, &self.counters, on_replica)
+            .read(at_least, history, &confirmed, &self.counters, on_replica)
             .await
         {
             Some(found) => Ok(found),
@@ -356,8 +410,12 @@ impl Store {
             version: row.get(5),
             directory_version,
         });
-        let epoch = (row.len() > 6).then(|| row.get(6));
-        Ok(Fetched(entry, directory_version, epoch))
+        let recovering = row.get("recovering");
+        let epoch = (row.len() > 7).then(|| row.get(7));
+        if self.is_primary(pool) {
+            self.primary_said(epoch.as_deref(), directory_version);
+        }
+        Ok(Fetched(entry, directory_version, epoch, recovering))
     }
 
     /// The registry's `conninfo` of `shard`, if the shard is registered with one.
@@ -410,8 +468,9 @@ impl Store {
         history: Option<&str>,
     ) -> Option<Changes> {
         let on_replica = |pool| Box::pin(self.read_version(pool, Some(since))) as _;
+        let confirmed = self.confirmed();
         self.replicas
-            .read(at_least, history, &self.counters, on_replica)
+            .read(at_least, history, &confirmed, &self.counters, on_replica)
             .await
     }
 
@@ -444,7 +503,13 @@ impl Store {
                 {
                     self.version_read.fetch_max(read + 1, Ordering::Relaxed);
                 }
-                row => return Ok(Changes::from_row(since.unwrap_or(0), &row?)),
+                row => {
+                    let changes = Changes::from_row(since.unwrap_or(0), &row?);
+                    if self.is_primary(pool) {
+                        self.primary_said(changes.epoch.as_deref(), changes.version);
+                    }
+                    return Ok(changes);
+                }
             }
         }
     }

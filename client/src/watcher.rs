@@ -339,6 +339,8 @@ impl Watcher {
             // `late`: a poll or a reconnect, not a notification, asked for this read.
             let mut read = async |late: bool| -> Result<(), Ended> {
                 let changes = read_once(self.cache.version()).await?;
+                self.store
+                    .primary_said(changes.epoch.as_deref(), changes.version);
                 self.apply(&changes, late);
                 Ok(())
             };
@@ -366,6 +368,9 @@ impl Watcher {
                                 let v = more?.payload().parse::<i64>().ok();
                                 news |= v.is_none_or(|v| v > known);
                                 heard = heard.zip(v).map(|(a, b)| a.max(b));
+                            }
+                            if let Some(heard) = heard {
+                                self.store.primary_notified(heard);
                             }
                             if news && !self.read_on_replica(heard).await {
                                 read(false).await?;

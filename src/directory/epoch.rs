@@ -1,25 +1,100 @@
-//! The directory's epoch: which history its versions belong to. A failover to a standby that
-//! missed the last commits, or a restore, goes on from an older version and numbers again, with
-//! other contents, versions that clients already knew; versions alone cannot tell the two
-//! histories apart. The system identifier (another cluster: initdb, pg_upgrade) and the timeline
-//! (a promotion, an archive recovery or point-in-time restore each begin a new one) can.
+//! The directory's epoch: which history its versions belong to. A restore (from a cold copy, a
+//! base backup, a dump), a failover to a standby that missed the last commits, or a second
+//! standby promoted by mistake goes on from an older version and numbers again, with other
+//! contents, versions that clients already knew: versions alone cannot tell the histories apart,
+//! and neither can the timeline (a cold copy keeps it; two standbys promoted apart both take the
+//! next one).
+//!
+//! So the version row carries a *lineage*: a random id that the first change made by a server
+//! other than the one that minted it replaces. Every server start is another server here (a
+//! restart, a promotion's standby, a restored copy): its first change mints a lineage of its own,
+//! so two copies of the directory that go on apart differ from their first new version on, and
+//! `(epoch, version)` names one state of the directory. Until that change a copy is the state
+//! it was copied at, which is the history it shares. A restart followed by a change costs
+//! clients one flush; docs/directory.md says why that was chosen over a digest chain.
+
+use std::ffi::CStr;
 
 use pgrx::prelude::*;
 
-/// `<system identifier>.<timeline>`: a new value after a promotion or a restore that recovered
-/// (anyone may read it, as the version: clients read it with every version they read).
+use super::heap;
+use crate::catalog;
+use crate::error::SdError;
+
+/// The version row's columns that hold the lineage and the server start that minted it.
+const LINEAGE: &CStr = c"lineage";
+const MINTED_BY: &CStr = c"lineage_minted_by";
+
+/// `<system identifier>.<lineage>`: the same on a streaming replica as on its primary, another
+/// value once a copy that went on apart (a restore, a promotion) has changed the directory.
+/// Before the first change since the lineage existed (an extension just made or updated):
+/// `<system identifier>.<timeline>`. Anyone may read it, as the version: clients read it with
+/// every version they read.
 #[pg_extern(stable, parallel_safe)]
 fn directory_epoch() -> String {
-    // SAFETY: both read shared memory the server set up at start; neither raises an error.
-    let (system, timeline) = unsafe {
-        let timeline = if pg_sys::RecoveryInProgress() {
+    // SAFETY: reads shared memory the server set up at start; raises no error.
+    let system = unsafe { pg_sys::GetSystemIdentifier() };
+    let version = catalog::relation(c"shard_directory_version");
+    match heap::read_singleton_text(version, "shard_directory_version", LINEAGE) {
+        Some(lineage) if !lineage.is_empty() => format!("{system}.{lineage}"),
+        _ => format!("{system}.{}", timeline()),
+    }
+}
+
+/// The timeline this server writes (or, in recovery, replays).
+fn timeline() -> u32 {
+    // SAFETY: read shared memory the server set up at start; neither raises an error.
+    unsafe {
+        if pg_sys::RecoveryInProgress() {
             let mut replaying = 0;
             pg_sys::GetXLogReplayRecPtr(&mut replaying);
             replaying
         } else {
             pg_sys::GetWALInsertionTimeLine()
-        };
-        (pg_sys::GetSystemIdentifier(), timeline)
-    };
-    format!("{system}.{timeline}")
+        }
+    }
+}
+
+/// This server: its system identifier and when its postmaster started. A restart, a standby
+/// (promoted or not) and a copy started elsewhere each are another.
+fn this_server() -> String {
+    // SAFETY: read values the postmaster set at start.
+    let (system, started) = unsafe { (pg_sys::GetSystemIdentifier(), pg_sys::PgStartTime) };
+    format!("{system}.{started}")
+}
+
+/// The lineage columns a bump writes into the version row, whose lineage columns `read` reads:
+/// none while this server minted the lineage; else a new lineage, minted by this server. None
+/// either on a version row without them (the library newer than the extension's objects, until
+/// `ALTER EXTENSION shard_directory UPDATE`).
+pub fn on_bump(read: &dyn Fn(&CStr) -> Option<String>, has: bool) -> Vec<heap::Column<'static>> {
+    let server = this_server();
+    if !has || read(MINTED_BY).as_deref() == Some(server.as_str()) {
+        return Vec::new();
+    }
+    vec![
+        (LINEAGE, mint().into_datum()),
+        (MINTED_BY, server.into_datum()),
+    ]
+}
+
+/// Whether the version row of this extension has the lineage columns.
+pub fn columns_present(relid: pg_sys::Oid) -> bool {
+    heap::has_column(relid, LINEAGE) && heap::has_column(relid, MINTED_BY)
+}
+
+/// 64 random bits, as 16 hex digits.
+fn mint() -> String {
+    let mut bytes = [0u8; 8];
+    // SAFETY: writes `bytes.len()` bytes into the buffer.
+    let ok = unsafe { pg_sys::pg_strong_random(bytes.as_mut_ptr().cast(), bytes.len()) };
+    if !ok {
+        SdError::Spi {
+            during: "mint the directory's lineage",
+            cause: "pg_strong_random() failed".into(),
+            datatype: false,
+        }
+        .raise()
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -69,6 +69,11 @@ impl Table {
 
     /// The position (from 1) of column `name`; an error naming it when the table has none, or
     /// when it is not of the type it is read and written as.
+    fn has(&self, name: &CStr) -> bool {
+        // SAFETY: the open relation's descriptor and a NUL-terminated name.
+        unsafe { pg_sys::SPI_fnumber((*self.0).rd_att, name.as_ptr()) > 0 }
+    }
+
     fn attnum(&self, name: &CStr) -> i32 {
         // SAFETY: the open relation's descriptor and a NUL-terminated name.
         let attnum = unsafe { pg_sys::SPI_fnumber((*self.0).rd_att, name.as_ptr()) };
@@ -553,6 +558,38 @@ pub fn peek_singleton(
         });
         (value, dirty.xmax != pg_sys::InvalidTransactionId)
     }
+}
+
+/// Text column `name` of the singleton row of `relid` as the running statement's snapshot sees
+/// it; `None` when it is null or the table has no such column.
+pub fn read_singleton_text(
+    relid: pg_sys::Oid,
+    table_name: &'static str,
+    name: &CStr,
+) -> Option<String> {
+    let table = Table::open(relid);
+    if !table.has(name) {
+        return None;
+    }
+    // SAFETY: the value is copied out while the scan holds the tuple; the active snapshot (or,
+    // outside a statement, the transaction's) lives through the scan.
+    unsafe {
+        let snapshot = if pg_sys::ActiveSnapshotSet() {
+            pg_sys::GetActiveSnapshot()
+        } else {
+            pg_sys::GetTransactionSnapshot()
+        };
+        with_singleton(&table, table_name, snapshot, None, |tuple| {
+            table
+                .get(tuple, name)
+                .and_then(|d| String::from_datum(d, false))
+        })
+    }
+}
+
+/// Whether `relid` has a column `name` (one a newer extension added may not be there yet).
+pub fn has_column(relid: pg_sys::Oid, name: &CStr) -> bool {
+    Table::open(relid).has(name)
 }
 
 /// The singleton row of `relid` as the latest committed state plus this transaction's own

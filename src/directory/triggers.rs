@@ -113,7 +113,7 @@ fn restore(new: &Entry, version: i64) {
     if let Err(e) = transition::check_restore(&new.key, &new.placement) {
         e.raise()
     }
-    version::raise_to(version, None);
+    version::raise_to(version, None, None);
 }
 
 /// BEFORE ROW: the state machine, the shard registry and region rule, then the version stamp and
@@ -283,11 +283,13 @@ fn shard_directory_version_guard<'a>(trigger: &'a PgTrigger<'a>) -> TriggerResul
             Ok(trigger.new().map(PgHeapTuple::into_owned))
         }
         PgTriggerOperation::Insert if privilege::current_role_owns(relid) => {
+            let new = trigger.new();
             version::raise_to(
                 version_of(trigger, rows(trigger).1),
-                trigger
-                    .new()
+                new.as_ref()
                     .and_then(|t| spi("updated_at", t.get_by_name("updated_at"))),
+                new.as_ref()
+                    .and_then(|t| t.get_by_name::<String>("lineage").ok().flatten()),
             );
             Ok(None)
         }

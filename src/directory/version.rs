@@ -29,13 +29,14 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 use std::cell::{Cell, RefCell};
+use std::ffi::CStr;
 
 use pgrx::prelude::*;
 use shard_directory_protocol::CHANNEL;
 
 use super::history::{self, Bump, Change};
 use super::writer::{self, Writer};
-use super::{heap, latest};
+use super::{epoch, heap, latest};
 use crate::catalog;
 use crate::error::{spi, SdError};
 use crate::privilege;
@@ -351,6 +352,7 @@ fn predict(after: Option<i64>) -> i64 {
 fn bump() -> Bump {
     let relid = lock_versions();
     let hint = latest::row();
+    let lineage = epoch::columns_present(relid);
     let (bump, row) = heap::update_singleton(relid, "shard_directory_version", hint, |read| {
         // SAFETY: both columns are passed by value (a bigint, a timestamptz), of the types
         // `heap` checks.
@@ -368,10 +370,13 @@ fn bump() -> Bump {
             version: version + 1,
             at: spi("version time", TimestampWithTimeZone::try_from(at)),
         };
-        let columns = vec![
+        let mut columns = vec![
             (c"version", bump.version.into_datum()),
             (c"updated_at", bump.at.into_datum()),
         ];
+        // SAFETY: the lineage columns are text (`heap` checks), copied out as read.
+        let text = |name: &CStr| unsafe { read(name).and_then(|d| String::from_datum(d, false)) };
+        columns.extend(epoch::on_bump(&text, lineage));
         (columns, bump)
     });
     latest::set(bump.version);
@@ -386,9 +391,12 @@ fn bump() -> Bump {
 }
 
 /// Raises the version to at least `version` (a restore); never lowers it. `at`, the restored
-/// version row's time, is taken as it was dumped.
-pub fn raise_to(version: i64, at: Option<TimestampWithTimeZone>) {
+/// version row's time, is taken as it was dumped, and so is its `lineage`; whatever the restore
+/// loads, the next change mints a lineage of its own (the dump's history may have gone on
+/// elsewhere, from the same version, in the same lineage).
+pub fn raise_to(version: i64, at: Option<TimestampWithTimeZone>, lineage: Option<String>) {
     let relid = lock_versions();
+    let renew = epoch::columns_present(relid);
     privilege::as_owner_of(relid, || {
         writer::as_writer(Writer::Restore, || {
             spi(
@@ -399,7 +407,18 @@ pub fn raise_to(version: i64, at: Option<TimestampWithTimeZone>) {
                      WHERE version < $1 OR (version = $1 AND $2 IS NOT NULL)",
                     &[version.into(), at.into()],
                 ),
-            )
+            );
+            if renew {
+                spi(
+                    "renew the lineage of a restored directory",
+                    Spi::run_with_args(
+                        "UPDATE shard_directory.shard_directory_version \
+                         SET lineage = coalesce($1, lineage), lineage_minted_by = '' \
+                         WHERE lineage_minted_by <> '' OR lineage IS DISTINCT FROM coalesce($1, lineage)",
+                        &[lineage.into()],
+                    ),
+                );
+            }
         })
     });
 }

@@ -802,17 +802,63 @@ mod tests {
         assert!(read("SELECT pg_current_xact_id_if_assigned() IS NULL"));
     }
 
-    /// The epoch is what tells a promoted standby's or a restored directory's versions from
-    /// the history clients knew: the cluster's system identifier and its timeline.
+    /// The epoch names a history: the cluster's system identifier and the lineage the first
+    /// change this server made minted. A change made by another server (a restart, a promoted
+    /// standby, a restored copy: here, the row says another server minted it) mints a new one,
+    /// so versions numbered again after it are of another epoch; until then a copy is the state
+    /// it was copied at. Before any change since the lineage existed, the timeline stands in.
     #[pg_test]
-    fn the_epoch_is_the_system_identifier_and_the_timeline() {
+    fn the_epoch_is_the_system_identifier_and_a_lineage_each_server_renews_at_its_first_change() {
+        let epoch = || one::<String>("SELECT shard_directory.directory_epoch()");
+        let system = one::<String>("SELECT system_identifier::text FROM pg_control_system()");
+        let lineage =
+            || one::<String>("SELECT lineage FROM shard_directory.shard_directory_version");
+        if lineage().is_empty() {
+            assert_eq!(
+                epoch(),
+                one::<String>(
+                    "SELECT s.system_identifier || '.' || c.timeline_id \
+                     FROM pg_control_system() s, pg_control_checkpoint() c"
+                )
+            );
+        }
+        setup();
+        let first = epoch();
+        assert_eq!(first, format!("{system}.{}", lineage()));
+        assert_eq!(lineage().len(), 16, "64 random bits: {first}");
         assert_eq!(
-            one::<String>("SELECT shard_directory.directory_epoch()"),
+            one::<String>("SELECT lineage_minted_by FROM shard_directory.shard_directory_version"),
             one::<String>(
-                "SELECT s.system_identifier || '.' || c.timeline_id \
-                 FROM pg_control_system() s, pg_control_checkpoint() c"
-            )
+                "SELECT system_identifier || '.' || ((extract(epoch FROM pg_postmaster_start_time()) \
+                 - 946684800) * 1000000)::bigint FROM pg_control_system()"
+            ),
+            "this server's start minted it"
         );
+        change("SELECT shard_directory.begin_move('tenant', '1', 'shard_2')");
+        assert_eq!(
+            epoch(),
+            first,
+            "the same server goes on in the same lineage"
+        );
+
+        for step in [
+            "ALTER TABLE shard_directory.shard_directory_version \
+             DISABLE TRIGGER shard_directory_version_guard",
+            "UPDATE shard_directory.shard_directory_version SET lineage_minted_by = 'another'",
+            "ALTER TABLE shard_directory.shard_directory_version \
+             ENABLE ALWAYS TRIGGER shard_directory_version_guard",
+        ] {
+            Spi::run(step).unwrap();
+        }
+        assert_eq!(epoch(), first, "a copy is its history until it changes");
+        let before = version();
+        change("SELECT shard_directory.abort_move('tenant', '1')");
+        assert_eq!(version(), before + 1);
+        let second = epoch();
+        assert_ne!(second, first, "this server's first change mints a lineage");
+        assert!(second.starts_with(&format!("{system}.")), "{second}");
+        change("SELECT shard_directory.begin_move('tenant', '2', 'shard_2')");
+        assert_eq!(epoch(), second);
     }
 
     #[pg_test]
