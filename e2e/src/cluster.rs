@@ -354,6 +354,62 @@ impl Cluster {
         );
     }
 
+    /// Stops the server (fast: a clean shutdown), copies its data directory as it is (`cp -a`:
+    /// the files stay the server's user's), and starts it again on the same port: a cold backup,
+    /// for [`Cluster::restore_cold_copy`]. Kept in the cluster's folder, removed with it.
+    pub fn cold_copy(&self) -> ColdCopy {
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let copy = self
+            .root
+            .join(format!("cold-{}", SEQ.fetch_add(1, Ordering::Relaxed)));
+        self.stop();
+        copy_tree(&self.root.join("data"), &copy);
+        self.restart();
+        ColdCopy(copy)
+    }
+
+    /// Stops the server and puts `copy` in place of its data directory: every commit since the
+    /// copy is lost, as when a DBA restores a cold backup. Not started again
+    /// ([`Cluster::restore_cold_copy`] does); [`Cluster::single_user_sql`] may run meanwhile.
+    pub fn put_back_cold_copy(&self, copy: &ColdCopy) {
+        self.stop();
+        let data = self.root.join("data");
+        fs::remove_dir_all(&data).expect("remove the data directory");
+        copy_tree(&copy.0, &data);
+    }
+
+    /// [`Cluster::put_back_cold_copy`], then starts the server again on the same port.
+    pub fn restore_cold_copy(&self, copy: &ColdCopy) {
+        self.put_back_cold_copy(copy);
+        self.restart();
+    }
+
+    /// Runs `statements` (one per line) on `db` with the server itself, single-user, on the
+    /// stopped cluster's data directory: a change made before any client can connect. Panics
+    /// with the output when a statement fails.
+    pub fn single_user_sql(&self, db: &str, statements: &str) {
+        let mut postgres = self.single_user(db, &[]);
+        postgres
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = postgres.spawn().expect("run postgres --single");
+        let mut stdin = child.stdin.take().expect("its stdin");
+        std::io::Write::write_all(&mut stdin, statements.as_bytes()).expect("write statements");
+        drop(stdin);
+        let out = child.wait_with_output().expect("postgres --single");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success() && !said.contains("ERROR:") && !said.contains("FATAL:"),
+            "postgres --single on {}: {said}",
+            self.name
+        );
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -606,6 +662,17 @@ impl Cluster {
     pub fn server_log(&self) -> String {
         fs::read_to_string(self.root.join("server.log")).unwrap_or_default()
     }
+}
+
+/// A copy of a stopped cluster's data directory ([`Cluster::cold_copy`]).
+pub struct ColdCopy(PathBuf);
+
+/// `cp -a from to`: ownership and modes kept (the server refuses a data directory it does not
+/// own, or one open to others).
+fn copy_tree(from: &Path, to: &Path) {
+    let mut cp = Command::new("cp");
+    cp.arg("-a").arg(from).arg(to);
+    run(cp, "cp -a (a data directory)");
 }
 
 /// A cluster frozen by [`Cluster::freeze`]; thawed on drop.

@@ -32,7 +32,7 @@ mod wait;
 pub mod wide;
 pub mod workload;
 
-pub use cluster::{lag_for_a_second, Cluster, CpuTimes, Frozen, Install, Listener};
+pub use cluster::{lag_for_a_second, Cluster, ColdCopy, CpuTimes, Frozen, Install, Listener};
 pub use column::column;
 pub use topology::{reaches, Topology};
 pub use wait::{backend_pid, blocked_on, eventually, within, ANY_LOCK};

@@ -11,6 +11,7 @@ mod directory;
 mod drills;
 mod dump;
 mod failover;
+mod history;
 mod mixed_fleet;
 mod mover;
 mod mover_batch;
