@@ -358,14 +358,39 @@ impl Cluster {
     /// the files stay the server's user's), and starts it again on the same port: a cold backup,
     /// for [`Cluster::restore_cold_copy`]. Kept in the cluster's folder, removed with it.
     pub fn cold_copy(&self) -> ColdCopy {
-        static SEQ: AtomicU32 = AtomicU32::new(0);
-        let copy = self
-            .root
-            .join(format!("cold-{}", SEQ.fetch_add(1, Ordering::Relaxed)));
+        let copy = self.copy_path("cold");
         self.stop();
         copy_tree(&self.root.join("data"), &copy);
         self.restart();
         ColdCopy(copy)
+    }
+
+    /// A base backup of the running server (`pg_basebackup -X stream`, no restart): put back
+    /// with [`Cluster::restore_cold_copy`], it starts at the backup's end, in the same lineage
+    /// as whatever the server made after it.
+    pub fn base_backup(&self) -> ColdCopy {
+        let copy = self.copy_path("base");
+        let mut backup = self.install.server_command("pg_basebackup");
+        backup
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+            ])
+            .args(["-X", "stream", "--no-sync", "-c", "fast", "-D"])
+            .arg(&copy);
+        run(backup, "pg_basebackup");
+        ColdCopy(copy)
+    }
+
+    /// A new place for a copy of the data directory, in the cluster's folder.
+    fn copy_path(&self, kind: &str) -> PathBuf {
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        self.root
+            .join(format!("{kind}-{}", SEQ.fetch_add(1, Ordering::Relaxed)))
     }
 
     /// Stops the server and puts `copy` in place of its data directory: every commit since the
@@ -664,7 +689,7 @@ impl Cluster {
     }
 }
 
-/// A copy of a stopped cluster's data directory ([`Cluster::cold_copy`]).
+/// A copy of a cluster's data directory ([`Cluster::cold_copy`], [`Cluster::base_backup`]).
 pub struct ColdCopy(PathBuf);
 
 /// `cp -a from to`: ownership and modes kept (the server refuses a data directory it does not

@@ -1,5 +1,5 @@
-//! One history (issue 42): the directory's epoch (`<system identifier>.<timeline>`) and version
-//! do not say which history a client's cached entries belong to. A directory restored from a
+//! One history (issue 42): the directory's epoch and version must say which history a client's
+//! cached entries belong to, which `<system identifier>.<timeline>` did not. A directory restored from a
 //! cold copy keeps its epoch and numbers the lost versions again; two standbys promoted side by
 //! side both take timeline 2; a standby left ahead of a restored primary still answers at its
 //! own versions. In each, a client must end up routing by what the surviving directory says,
@@ -116,7 +116,10 @@ async fn writes_land(t: &Topology, router: &Router, id: &str, item: &str) {
 
 /// The application as it stood before a restore: tenants 1 and 2 on shard_1, a client `d`
 /// that learned a change the restore loses (tenant 1 re-pointed to shard_2 at version `lost`,
-/// read, and written by through `router`), and the cold copy of the directory before it.
+/// read, and written by through `router`), and the copy of the directory before it: a cold copy
+/// (the server stopped, so its first change after the copy mints a lineage the copy lacks) or,
+/// `hot`, a base backup of the running server, whose lineage the lost change shares: then only
+/// the version going back, and the layers' own checks, tell the histories apart.
 struct BeforeRestore {
     t: Topology,
     d: Directory,
@@ -125,13 +128,21 @@ struct BeforeRestore {
     lost: i64,
 }
 
-async fn before_restore(name: &str, d: impl AsyncFnOnce(&Topology) -> Directory) -> BeforeRestore {
+async fn before_restore(
+    name: &str,
+    hot: bool,
+    d: impl AsyncFnOnce(&Topology) -> Directory,
+) -> BeforeRestore {
     let t = Topology::start(name).await;
     let copied = t.add_tenants(2, "shard_1").await;
     let d = d(&t).await;
     let router = t.router(d.clone());
     assert_eq!(d.lookup("tenant", "1").await.unwrap().shard_name, "shard_1");
-    let copy = t.directory.cold_copy();
+    let copy = if hot {
+        t.directory.base_backup()
+    } else {
+        t.directory.cold_copy()
+    };
     assert_eq!(version_of(&t.directory).await, copied);
     let lost = change(&t.directory, &repoint("1", "shard_2")).await;
     assert_eq!(lost, copied + 1);
@@ -174,7 +185,7 @@ async fn restore_reusing_the_lost_version(b: &BeforeRestore) {
 #[tokio::test]
 async fn a_cold_restore_that_reuses_a_version_is_another_history_for_an_instance_that_knew_it() {
     let redis = RedisServer::start().await;
-    let b = before_restore("history-restore", async |t| {
+    let b = before_restore("history-restore", false, async |t| {
         t.client_directory(sharing(&redis)).await
     })
     .await;
@@ -189,7 +200,7 @@ async fn a_cold_restore_that_reuses_a_version_is_another_history_for_an_instance
 #[tokio::test]
 async fn a_fresh_instance_does_not_take_a_lost_versions_entry_from_the_shared_cache() {
     let redis = RedisServer::start().await;
-    let b = before_restore("history-restore-fresh", async |t| {
+    let b = before_restore("history-restore-fresh", false, async |t| {
         t.client_directory(sharing(&redis)).await
     })
     .await;
@@ -239,9 +250,9 @@ async fn relayed(t: &Topology, redis: &RedisServer, silence: Option<Duration>) -
 async fn an_instance_following_the_relay_sees_a_restore_that_reuses_a_version() {
     let redis = RedisServer::start().await;
     let mut process = None;
-    let b = before_restore("history-relay", async |t| {
+    let b = before_restore("history-relay", false, async |t| {
         process = Some(relay(t, &redis));
-        relayed(t, &redis, None).await
+        relayed(t, &redis, Some(RELAYED_THROUGHOUT)).await
     })
     .await;
     restore_reusing_the_lost_version(&b).await;
@@ -259,14 +270,15 @@ async fn an_instance_following_the_relay_sees_a_restore_that_reuses_a_version() 
 /// (with the default, 3 s, whether it does depends on how long the restore takes).
 const RELAYED_THROUGHOUT: Duration = Duration::from_secs(120);
 
-/// Case 3, without a reused version: the directory is only back at the copy's version. Its own
-/// watcher would read the version go back and flush; the relay, which starts again from the
-/// version it finds, says nothing went back.
+/// Case 3, without a reused version: the directory is only back at the copy's version (a base
+/// backup, in the lineage of the lost change: one epoch). Its own watcher would read the version
+/// go back and flush; the relay, which starts again from the version it finds, says nothing
+/// went back, and its messages are below what the instance knows.
 #[tokio::test]
 async fn an_instance_following_the_relay_sees_a_directory_restored_to_an_older_version() {
     let redis = RedisServer::start().await;
     let mut process = None;
-    let b = before_restore("history-relay-back", async |t| {
+    let b = before_restore("history-relay-back", true, async |t| {
         process = Some(relay(t, &redis));
         relayed(t, &redis, Some(RELAYED_THROUGHOUT)).await
     })
@@ -278,12 +290,13 @@ async fn an_instance_following_the_relay_sees_a_directory_restored_to_an_older_v
     drop(process);
 }
 
-/// Case 4: the instance reads the directory go back below the version it knew and flushes
-/// (a version regression), and its next lookup takes the lost entry back from Redis.
+/// Case 4: the instance reads the directory (restored from a base backup: one epoch) go back
+/// below the version it knew and flushes (a version regression), and its next lookup takes the
+/// lost entry back from Redis.
 #[tokio::test]
 async fn the_shared_cache_does_not_undo_the_flush_of_a_version_regression() {
     let redis = RedisServer::start().await;
-    let b = before_restore("history-regressed", async |t| {
+    let b = before_restore("history-regressed", true, async |t| {
         t.client_directory(sharing(&redis)).await
     })
     .await;
@@ -305,7 +318,7 @@ async fn the_shared_cache_does_not_undo_the_flush_of_a_version_regression() {
 #[tokio::test]
 async fn a_fresh_instance_does_not_take_an_entry_read_above_the_directorys_version() {
     let redis = RedisServer::start().await;
-    let b = before_restore("history-regressed-fresh", async |t| {
+    let b = before_restore("history-regressed-fresh", true, async |t| {
         t.client_directory(sharing(&redis)).await
     })
     .await;
@@ -388,7 +401,8 @@ async fn a_promoted_server_is_never_read_as_a_replica() {
     writes_land(&t, &router, "1", "after the promotions").await;
 }
 
-/// Case 5: the directory's primary is restored from a cold copy at version N, while its
+/// Case 5: the directory's primary is restored from a base backup at version N (one epoch
+/// with the lost versions: no change since), while its
 /// streaming standby, which had replayed N+2, can no longer stream from it and keeps answering
 /// reads at N+2. The client reads the primary go back (and flushes), then takes the replica's
 /// read of the lost versions again.
@@ -404,7 +418,7 @@ async fn a_replica_ahead_of_a_restored_primary_does_not_drag_the_client_back() {
     let router = t.router(d.clone());
     assert_eq!(d.lookup("tenant", "1").await.unwrap().shard_name, "shard_1");
 
-    let copy = t.directory.cold_copy();
+    let copy = t.directory.base_backup();
     change(&t.directory, &repoint("1", "shard_2")).await;
     let lost = change(&t.directory, &repoint("2", "shard_2")).await;
     assert_eq!(lost, copied + 2);
@@ -437,4 +451,29 @@ async fn a_replica_ahead_of_a_restored_primary_does_not_drag_the_client_back() {
     says(&d, "1", "shard_1", "with a replica ahead of the primary").await;
     says(&d, "2", "shard_1", "with a replica ahead of the primary").await;
     writes_land(&t, &router, "1", "after the restore").await;
+}
+
+/// Case 2, before the stray server changes anything: its state is still one the directory had,
+/// in the directory's epoch, but it is no longer a standby and may change at any moment; it is
+/// never read as a replica (`pg_is_in_recovery()`), and the reads go to the primary.
+#[tokio::test]
+async fn a_promoted_server_is_not_read_as_a_replica_even_before_it_changes() {
+    let t = Topology::start("history-stray").await;
+    let before = t.add_tenants(2, "shard_1").await;
+    let b = standby(&t, "history-stray-b").await;
+    replayed(&b, before).await;
+    b.promote();
+    assert_eq!(epoch_of(&t.directory).await, epoch_of(&b).await);
+    let config = polling()
+        .replica(b.config(DIRECTORY_DB))
+        .replica_wait(Duration::from_secs(2));
+    let d = connected_directory(t.directory_config(), config).await;
+    let stats = d.stats();
+    says(&d, "1", "shard_1", "with a promoted server as a replica").await;
+    let after = d.stats();
+    assert_eq!(after.replica_reads, stats.replica_reads, "not read there");
+    assert!(
+        after.replica_fallbacks > stats.replica_fallbacks,
+        "sent, then made on the primary"
+    );
 }
