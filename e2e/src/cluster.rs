@@ -286,19 +286,7 @@ impl Cluster {
     /// A streaming standby of this cluster (`pg_basebackup -R`), started, on a port of its own.
     pub fn standby(&self, name: &str) -> Cluster {
         let root = cluster_root(name);
-        let mut backup = self.install.server_command("pg_basebackup");
-        backup
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-U",
-                "postgres",
-            ])
-            .args(["-X", "stream", "-R", "--no-sync", "-c", "fast", "-D"])
-            .arg(root.join("data"));
-        run(backup, "pg_basebackup");
+        self.pg_basebackup(&root.join("data"), &["-R"]);
         // Its replay position reaches the primary within a second (pg_stat_replication).
         append_conf(
             &root,
@@ -330,6 +318,20 @@ impl Cluster {
         run(pg_ctl, "pg_ctl stop");
     }
 
+    /// Stops the server as a DBA does: fast, then immediate when that has not ended within 20 s
+    /// (a fast shutdown waits for its standbys to confirm the shutdown checkpoint, which one
+    /// that diverged from it never does).
+    pub fn stop_or_crash(&self) {
+        let mut pg_ctl = self.install.server_command("pg_ctl");
+        pg_ctl
+            .args(["-w", "-t", "20", "-m", "fast", "-D"])
+            .arg(self.root.join("data"))
+            .arg("stop");
+        if !pg_ctl.output().is_ok_and(|o| o.status.success()) {
+            self.crash();
+        }
+    }
+
     /// Stops the server as a crash would (immediate shutdown: no checkpoint, sessions cut).
     pub fn crash(&self) {
         run(self.immediate_stop(), "pg_ctl stop -m immediate");
@@ -354,12 +356,12 @@ impl Cluster {
         );
     }
 
-    /// Stops the server (fast: a clean shutdown), copies its data directory as it is (`cp -a`:
+    /// Stops the server ([`Cluster::stop_or_crash`]), copies its data directory as it is (`cp -a`:
     /// the files stay the server's user's), and starts it again on the same port: a cold backup,
     /// for [`Cluster::restore_cold_copy`]. Kept in the cluster's folder, removed with it.
     pub fn cold_copy(&self) -> ColdCopy {
         let copy = self.copy_path("cold");
-        self.stop();
+        self.stop_or_crash();
         copy_tree(&self.root.join("data"), &copy);
         self.restart();
         ColdCopy(copy)
@@ -370,6 +372,12 @@ impl Cluster {
     /// as whatever the server made after it.
     pub fn base_backup(&self) -> ColdCopy {
         let copy = self.copy_path("base");
+        self.pg_basebackup(&copy, &[]);
+        ColdCopy(copy)
+    }
+
+    /// `pg_basebackup -X stream` of this server into `to`, with `more` options.
+    fn pg_basebackup(&self, to: &Path, more: &[&str]) {
         let mut backup = self.install.server_command("pg_basebackup");
         backup
             .args([
@@ -380,10 +388,11 @@ impl Cluster {
                 "-U",
                 "postgres",
             ])
-            .args(["-X", "stream", "--no-sync", "-c", "fast", "-D"])
-            .arg(&copy);
+            .args(["-X", "stream", "--no-sync", "-c", "fast"])
+            .args(more)
+            .arg("-D")
+            .arg(to);
         run(backup, "pg_basebackup");
-        ColdCopy(copy)
     }
 
     /// A new place for a copy of the data directory, in the cluster's folder.
@@ -397,7 +406,7 @@ impl Cluster {
     /// copy is lost, as when a DBA restores a cold backup. Not started again
     /// ([`Cluster::restore_cold_copy`] does); [`Cluster::single_user_sql`] may run meanwhile.
     pub fn put_back_cold_copy(&self, copy: &ColdCopy) {
-        self.stop();
+        self.stop_or_crash();
         let data = self.root.join("data");
         fs::remove_dir_all(&data).expect("remove the data directory");
         copy_tree(&copy.0, &data);

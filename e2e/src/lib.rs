@@ -12,6 +12,8 @@
 //! - `proxy`, `pgbouncer`, `redis`: what stands between a client and a cluster, or beside it;
 //!   `prometheus`: a sample of the exporter's text;
 //! - `sweep`: the failpoint sweep: every step of a move faulted every way, the invariants checked;
+//!   `history`: the randomized history: routers of every kind writing while the directory is
+//!   restarted, restored and promoted, every acknowledged write held against what it named;
 //! - `wait`: waiting on a condition with a deadline, and on a backend's lock; `column`: a
 //!   query's first column.
 //!
@@ -20,6 +22,7 @@
 
 mod cluster;
 mod column;
+pub mod history;
 pub mod mover_cli;
 pub mod observe;
 pub mod pgbouncer;

@@ -31,6 +31,26 @@ pub fn binary() -> PathBuf {
     bin
 }
 
+/// `shard-directory relay` on `t`'s directory as `role`, publishing to the Redis at `url`
+/// with a heartbeat every 200 ms, sealed with `key` (killed on drop).
+pub fn relay(t: &Topology, url: &str, key: &[u8], role: &str) -> tokio::process::Child {
+    let key_file = std::env::temp_dir().join(format!("sd-relay-key-{}", fastrand::u64(..)));
+    std::fs::write(&key_file, [key, b"\n"].concat()).expect("write the relay's key");
+    command(t)
+        .env(
+            "SHARD_DIRECTORY_URL",
+            format!("{} user={role}", t.directory.conn_str("directory")),
+        )
+        .args(["relay", "--redis", url, "--heartbeat", "200ms"])
+        .arg("--key-file")
+        .arg(&key_file)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the relay")
+}
+
 /// The CLI on `t`'s directory (`SHARD_DIRECTORY_URL`), its output piped.
 pub fn command(t: &Topology) -> tokio::process::Command {
     let mut c = tokio::process::Command::new(binary());

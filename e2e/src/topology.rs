@@ -464,6 +464,23 @@ impl Topology {
         self.router(self.client_directory(DirectoryConfig::default()).await)
     }
 
+    /// A streaming standby of the directory. The harness's clusters run with synchronous_commit
+    /// off, which lets WAL wait up to `wal_writer_delay` (200 ms) before it is sent: on, as a
+    /// directory should, a commit is streamed at once.
+    pub async fn streaming_standby(&self, name: &str) -> Cluster {
+        let primary = self.dba().await;
+        for step in [
+            "ALTER SYSTEM SET synchronous_commit = on",
+            "SELECT pg_reload_conf()",
+        ] {
+            primary
+                .batch_execute(step)
+                .await
+                .expect("synchronous_commit on");
+        }
+        self.directory.standby(name)
+    }
+
     /// One order for tenant `id`, routed as the application writes it.
     pub async fn order(
         router: &Router,

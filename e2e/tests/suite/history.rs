@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use shard_directory_client::{Directory, DirectoryConfig, RelayConfig, Router, SharedCacheConfig};
-use shard_directory_e2e::mover_cli::command;
+use shard_directory_e2e::mover_cli;
 use shard_directory_e2e::redis::RedisServer;
 use shard_directory_e2e::topology::{connected_directory, DIRECTORY_DB};
 use shard_directory_e2e::{eventually, reaches, within, Cluster, ColdCopy, Topology};
@@ -213,17 +213,7 @@ async fn a_fresh_instance_does_not_take_a_lost_versions_entry_from_the_shared_ca
 
 /// `shard-directory relay` on `t`'s directory, publishing to `redis` (killed on drop).
 fn relay(t: &Topology, redis: &RedisServer) -> tokio::process::Child {
-    let key_file = std::env::temp_dir().join(format!("sd-relay-key-{}", fastrand::u64(..)));
-    std::fs::write(&key_file, [KEY, b"\n"].concat()).unwrap();
-    command(t)
-        .args(["relay", "--redis", &redis.url(), "--heartbeat", "200ms"])
-        .arg("--key-file")
-        .arg(&key_file)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start the relay")
+    mover_cli::relay(t, &redis.url(), KEY, "postgres")
 }
 
 /// An instance following the relay, which it lets be silent for `silence` (`None`: the
@@ -329,19 +319,6 @@ async fn a_fresh_instance_does_not_take_an_entry_read_above_the_directorys_versi
     writes_land(&b.t, &b.t.router(fresh), "1", "from a fresh instance").await;
 }
 
-/// A streaming standby of the directory; its commits streamed at once (the harness's clusters
-/// run with synchronous_commit off).
-async fn standby(t: &Topology, name: &str) -> Cluster {
-    let primary = t.dba().await;
-    for step in [
-        "ALTER SYSTEM SET synchronous_commit = on",
-        "SELECT pg_reload_conf()",
-    ] {
-        primary.batch_execute(step).await.unwrap();
-    }
-    t.directory.standby(name)
-}
-
 /// Waits until `standby` has replayed directory version `version`.
 async fn replayed(standby: &Cluster, version: i64) {
     eventually("the standby to replay", DEADLINE * 2, || async {
@@ -369,7 +346,7 @@ async fn replayed(standby: &Cluster, version: i64) {
 async fn a_promoted_server_is_never_read_as_a_replica() {
     let mut t = Topology::start("history-split").await;
     let before = t.add_tenants(2, "shard_1").await;
-    let mut a = standby(&t, "history-split-a").await;
+    let mut a = t.streaming_standby("history-split-a").await;
     let b = t.directory.standby("history-split-b");
     replayed(&a, before).await;
     replayed(&b, before).await;
@@ -410,7 +387,7 @@ async fn a_promoted_server_is_never_read_as_a_replica() {
 async fn a_replica_ahead_of_a_restored_primary_does_not_drag_the_client_back() {
     let t = Topology::start("history-replica").await;
     let copied = t.add_tenants(2, "shard_1").await;
-    let replica = standby(&t, "history-replica-standby").await;
+    let replica = t.streaming_standby("history-replica-standby").await;
     let config = polling()
         .replica(replica.config(DIRECTORY_DB))
         .replica_wait(Duration::from_secs(2));
@@ -460,7 +437,7 @@ async fn a_replica_ahead_of_a_restored_primary_does_not_drag_the_client_back() {
 async fn a_promoted_server_is_not_read_as_a_replica_even_before_it_changes() {
     let t = Topology::start("history-stray").await;
     let before = t.add_tenants(2, "shard_1").await;
-    let b = standby(&t, "history-stray-b").await;
+    let b = t.streaming_standby("history-stray-b").await;
     replayed(&b, before).await;
     b.promote();
     assert_eq!(epoch_of(&t.directory).await, epoch_of(&b).await);

@@ -26,6 +26,7 @@ mod mover_tls;
 mod mover_triggers;
 mod package;
 mod proof;
+mod randomized_history;
 mod regress;
 mod relay;
 mod replicas;

@@ -7,9 +7,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::AsyncCommands;
 use shard_directory_client::{Directory, DirectoryConfig, RelayConfig, WATCHER_APPLICATION_NAME};
-use shard_directory_e2e::mover_cli::command;
+use shard_directory_e2e::mover_cli;
 use shard_directory_e2e::redis::RedisServer;
-use shard_directory_e2e::topology::{connected_directory, DIRECTORY_DB};
+use shard_directory_e2e::topology::connected_directory;
 use shard_directory_e2e::{eventually, reaches, Topology};
 use shard_directory_mover::RELAY_APPLICATION_NAME;
 use shard_directory_protocol::relay::{seal, Change};
@@ -25,21 +25,7 @@ fn relay(t: &Topology, redis: &RedisServer) -> tokio::process::Child {
 
 /// `shard-directory relay` on `t`'s directory as `role`, publishing to the Redis at `url`.
 fn relay_to(t: &Topology, url: &str, role: &str) -> tokio::process::Child {
-    let key_file = std::env::temp_dir().join(format!("sd-relay-key-{}", fastrand::u64(..)));
-    std::fs::write(&key_file, [KEY, b"\n"].concat()).unwrap();
-    command(t)
-        .env(
-            "SHARD_DIRECTORY_URL",
-            format!("{} user={role}", t.directory.conn_str(DIRECTORY_DB)),
-        )
-        .args(["relay", "--redis", url, "--heartbeat", "200ms"])
-        .arg("--key-file")
-        .arg(&key_file)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start the relay")
+    mover_cli::relay(t, url, KEY, role)
 }
 
 async fn relayed(t: &Topology, redis: &RedisServer) -> Directory {

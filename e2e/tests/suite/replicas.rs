@@ -20,20 +20,6 @@ fn replica_reads(d: &Directory, before: &Stats) -> (u64, u64) {
     )
 }
 
-/// A streaming standby of the directory. The harness's clusters run with synchronous_commit
-/// off, which lets WAL wait up to `wal_writer_delay` (200 ms) before it is sent: on, as a
-/// directory should, a commit is streamed at once.
-async fn standby(t: &Topology, name: &str) -> Cluster {
-    let primary = t.dba().await;
-    for step in [
-        "ALTER SYSTEM SET synchronous_commit = on",
-        "SELECT pg_reload_conf()",
-    ] {
-        primary.batch_execute(step).await.unwrap();
-    }
-    t.directory.standby(name)
-}
-
 /// A client reading on `standby`, as `role` on both servers.
 async fn with_replica(t: &Topology, standby: &Cluster, role: &str) -> Directory {
     let (mut primary, mut replica) = (t.directory_config(), standby.config(DIRECTORY_DB));
@@ -52,7 +38,7 @@ async fn reads_go_to_a_replica_that_has_replayed_the_version_and_to_the_primary_
     t.add_tenants(100, "shard_1").await;
     // The router's documented grants are all a replica's reader needs.
     t.router_role().await;
-    let standby = standby(&t, "replica-standby").await;
+    let standby = t.streaming_standby("replica-standby").await;
     let d = with_replica(&t, &standby, "app_router").await;
 
     let before = d.stats();
@@ -124,7 +110,7 @@ async fn reads_go_to_a_replica_that_has_replayed_the_version_and_to_the_primary_
 async fn a_replica_that_stops_sends_reads_to_the_primary_and_rests() {
     let t = Topology::start("replica-down").await;
     t.add_tenants(3, "shard_1").await;
-    let standby = standby(&t, "replica-down-standby").await;
+    let standby = t.streaming_standby("replica-down-standby").await;
     let d = with_replica(&t, &standby, "postgres").await;
     standby.stop();
     let before = d.stats();
