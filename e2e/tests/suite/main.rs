@@ -1,6 +1,7 @@
 //! The end-to-end suite, in one binary: each module is what a part of `shard_directory` does
 //! against real clusters, as a client, an operator or a DBA meets it.
 
+mod attack42;
 mod cli;
 mod client;
 mod client_bounds;
