@@ -376,3 +376,101 @@ async fn attack42_a_forged_notify_lets_a_replica_serve_versions_the_primary_lost
         a.copied
     );
 }
+
+/// Invariant 1, through a crash restart: the harness's directory commits asynchronously
+/// (`synchronous_commit = off`, which docs/operations.md allows for), and a backend that dies
+/// makes the postmaster reset and run crash recovery without restarting: `PgStartTime`, and so
+/// `lineage_minted_by`, stay as they were. The commit that was not yet on disk is lost, clients
+/// had read it (notifications and reads come at commit), and the recovered directory's next
+/// change numbers the lost version again in the same lineage: one `(epoch, version)`, two
+/// contents; a fresh instance takes the lost entry from Redis and routes a write by it.
+#[tokio::test]
+async fn attack42_a_crash_restart_that_loses_a_commit_reuses_its_version_in_the_same_epoch() {
+    let redis = RedisServer::start().await;
+    let t = Topology::start("attack42-crash").await;
+    let copied = t.add_tenants(2, "shard_1").await;
+    let dir = &t.directory;
+    let admin = dir.connect("postgres").await;
+    // The WAL writer and background writer idle: an asynchronous commit stays in WAL buffers.
+    for step in [
+        "ALTER SYSTEM SET wal_writer_delay = '10s'",
+        "ALTER SYSTEM SET bgwriter_lru_maxpages = 0",
+        "ALTER SYSTEM SET autovacuum = off",
+        "SELECT pg_reload_conf()",
+    ] {
+        admin.batch_execute(step).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    admin.batch_execute("CHECKPOINT").await.unwrap();
+    let started: String = admin
+        .query_one("SELECT pg_postmaster_start_time()::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let victim: i32 = admin
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+
+    let sharing = DirectoryConfig::default()
+        .poll_interval(Duration::from_secs(1))
+        .shared_cache(SharedCacheConfig::new(redis.url()));
+    let d = t.client_directory(sharing.clone()).await;
+    let lost = change_in(dir, DIRECTORY_DB, &repoint("1", "shard_2")).await;
+    assert_eq!(lost, copied + 1);
+    let lost_epoch = epoch_in(dir, DIRECTORY_DB).await;
+    reaches(&d, lost).await;
+    let one = d.lookup("tenant", "1").await.unwrap();
+    assert_eq!((one.shard_name.as_str(), one.directory_version), ("shard_2", lost));
+    drop(d);
+
+    // A backend dies: the postmaster resets and recovers, without restarting.
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &victim.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let admin = eventually("the directory to recover", DEADLINE * 2, || async {
+        let (c, connection) = dir.config("postgres").connect(tokio_postgres::NoTls).await.ok()?;
+        tokio::spawn(connection);
+        c.query_one("SELECT 1", &[]).await.ok()?;
+        Some(c)
+    })
+    .await;
+    let after: String = admin
+        .query_one("SELECT pg_postmaster_start_time()::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(after, started, "a crash restart, not a new postmaster");
+    let recovered = eventually("the directory database to answer", DEADLINE, || async {
+        let (c, connection) = dir.config(DIRECTORY_DB).connect(tokio_postgres::NoTls).await.ok()?;
+        tokio::spawn(connection);
+        let v: i64 = c
+            .query_one("SELECT shard_directory.current_version()", &[])
+            .await
+            .ok()?
+            .get(0);
+        Some(v)
+    })
+    .await;
+    assert_eq!(
+        recovered, copied,
+        "precondition: the asynchronous commit of version {lost} was lost in the crash"
+    );
+    assert_eq!(t.placement("1").await, "shard_1");
+
+    let again = change_in(dir, DIRECTORY_DB, &repoint("2", "shard_2")).await;
+    assert_eq!(again, lost, "the recovered directory numbers the lost version again");
+    let epoch = epoch_in(dir, DIRECTORY_DB).await;
+    let fresh = t.client_directory(sharing).await;
+    assert_eq!(fresh.version(), lost);
+    let one = fresh.lookup("tenant", "1").await.unwrap();
+    assert!(
+        epoch != lost_epoch && one.shard_name.as_str() == "shard_1",
+        "version {lost} names two states in epoch {epoch} (lost: {lost_epoch}); a fresh \
+         instance routes tenant 1 to {} (the directory: shard_1)",
+        one.shard_name
+    );
+}
