@@ -474,3 +474,37 @@ async fn attack42_a_crash_restart_that_loses_a_commit_reuses_its_version_in_the_
         one.shard_name
     );
 }
+
+/// Regression: `directory_epoch()`, which every fill and every version read calls, opens the
+/// version table for writing (`heap::read_singleton_text` uses `Table::open`, RowExclusiveLock,
+/// not `open_to_read`). A session holding a SHARE lock on the table (a DBA's `CREATE INDEX`, or
+/// `LOCK ... IN SHARE MODE`) then blocks every client's reads, though a plain read of the same
+/// row goes on: here the router's role, as docs/operations.md grants it, times out.
+#[tokio::test]
+async fn attack42_reading_the_epoch_waits_behind_a_share_lock_that_reads_of_the_version_do_not() {
+    let t = Topology::start("attack42-lock").await;
+    t.add_tenants(1, "shard_1").await;
+    let router = t.router_role().await;
+    let dba = t.dba().await;
+    dba.batch_execute(
+        "BEGIN; LOCK TABLE shard_directory.shard_directory_version IN SHARE MODE",
+    )
+    .await
+    .unwrap();
+    let (c, connection) = router.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    c.batch_execute("SET lock_timeout = '2s'").await.unwrap();
+    c.query_one(
+        "SELECT version FROM shard_directory.shard_directory_version WHERE id",
+        &[],
+    )
+    .await
+    .expect("a read of the version goes on");
+    let epoch = c
+        .query_one("SELECT shard_directory.directory_epoch()", &[])
+        .await;
+    assert!(
+        epoch.is_ok(),
+        "a read of the epoch waits for a SHARE lock on the version table: {epoch:?}"
+    );
+}
