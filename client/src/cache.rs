@@ -153,6 +153,10 @@ pub(crate) struct Cache {
     /// The directory's epoch (`directory_epoch()`) the known version belongs to: `None` until
     /// one is read, and for a directory that has none. Entries are of this history only.
     history: Mutex<Option<String>>,
+    /// The directory went back to a lower version in this epoch (a restore): standbys may hold
+    /// versions it no longer has, so only what the primary itself reads says how far they may
+    /// be trusted, not a notification (which anyone may send, and which names no epoch).
+    went_back: std::sync::atomic::AtomicBool,
 }
 
 /// What learning a version did to the cache.
@@ -212,7 +216,13 @@ impl Cache {
             announce: tokio::sync::watch::Sender::new(version),
             max_entries: max_entries.max(1),
             history: Mutex::new(None),
+            went_back: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Whether the directory went back to a lower version in the epoch the cache knows.
+    pub fn went_back(&self) -> bool {
+        self.went_back.load(SeqCst)
     }
 
     /// The directory's epoch the cache's entries belong to.
@@ -240,6 +250,7 @@ impl Cache {
                 *history = Some(epoch.to_owned());
                 // Changed before the flush: a fill that sees the new flush epoch sees it too.
                 drop(history);
+                self.went_back.store(false, SeqCst);
                 self.retire_all(&mut log, version);
                 true
             }
@@ -343,6 +354,7 @@ impl Cache {
         if self.version.load(SeqCst) != known {
             return false;
         }
+        self.went_back.store(true, SeqCst);
         self.retire_all(&mut log, version);
         true
     }

@@ -460,8 +460,11 @@ impl Directory {
                 }
             }
             let history = inner.cache.history();
-            let Fetched(entry, at, read_in, _) =
-                inner.store.fetch(key, known, history.as_deref()).await?;
+            let trust_notified = !inner.cache.went_back();
+            let Fetched(entry, at, read_in, _) = inner
+                .store
+                .fetch(key, known, history.as_deref(), trust_notified)
+                .await?;
             #[cfg(feature = "test-hooks")]
             {
                 let hook = inner.fill_hook.lock().expect("hook lock").clone();

@@ -1,6 +1,6 @@
 //! The authoritative store: the directory database, read one round trip per query.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -209,10 +209,13 @@ pub(crate) struct Store {
     /// When a query last came back, as time since `opened`.
     answered: AtomicU64,
     opened: Instant,
-    /// The newest version the primary itself said (read there, or notified from there), in its
-    /// epoch: a replica's read above it is not taken, so that a standby still serving a history
-    /// the primary went back from (a restore) cannot bring that history back.
+    /// The newest version the primary itself read, in its epoch: a replica's read above it is
+    /// not taken, so that a standby still serving a history the primary went back from (a
+    /// restore) cannot bring that history back.
     confirmed: std::sync::Mutex<(Option<String>, i64)>,
+    /// The newest version notified since the primary last read a new epoch: trusted as far as
+    /// the primary read, unless the directory went back in this epoch.
+    notified: AtomicI64,
 }
 
 /// A connection-level failure means "unreachable", and so does a server that answers only to
@@ -270,6 +273,7 @@ impl Store {
             answered: AtomicU64::new(0),
             opened: Instant::now(),
             confirmed: std::sync::Mutex::new((None, i64::MIN)),
+            notified: AtomicI64::new(i64::MIN),
         })
     }
 
@@ -319,21 +323,32 @@ impl Store {
     /// it until the primary says more.
     pub fn primary_said(&self, epoch: Option<&str>, version: i64) {
         let mut confirmed = self.confirmed.lock().expect("confirmed lock");
+        if confirmed.0.as_deref() != epoch {
+            self.notified.store(i64::MIN, Ordering::Relaxed);
+        }
         if confirmed.0.as_deref() != epoch || confirmed.1 != version {
             *confirmed = (epoch.map(str::to_owned), version);
         }
     }
 
-    /// The primary notified `version` (on the watcher's LISTEN session, in the epoch it last
-    /// said): replicas may serve up to it.
+    /// The watcher's LISTEN session heard `version` notified (a hint: anyone may NOTIFY).
     pub fn primary_notified(&self, version: i64) {
-        let mut confirmed = self.confirmed.lock().expect("confirmed lock");
-        confirmed.1 = confirmed.1.max(version);
+        self.notified.fetch_max(version, Ordering::Relaxed);
     }
 
-    /// What replicas may serve: reads in this epoch up to this version.
-    fn confirmed(&self) -> (Option<String>, i64) {
-        self.confirmed.lock().expect("confirmed lock").clone()
+    /// What replicas may serve: reads in this epoch up to this version; up to the version
+    /// notified too when `trust_notified` (the directory did not go back in this epoch).
+    fn confirmed(&self, trust_notified: bool) -> (Option<String>, i64) {
+        let (epoch, said) = self.confirmed.lock().expect("confirmed lock").clone();
+        let notified = self.notified.load(Ordering::Relaxed);
+        (
+            epoch,
+            if trust_notified {
+                said.max(notified)
+            } else {
+                said
+            },
+        )
     }
 
     fn since_opened(&self) -> u64 {
@@ -367,15 +382,17 @@ impl Store {
 
     /// The entity's entry (None if it has none), the global version it was read at, and the
     /// directory's epoch then (when the directory can say): from a replica that has replayed
-    /// `at_least` in the epoch `history`, else from the primary.
+    /// `at_least` in the epoch `history` (see [`Store::confirmed`] for `trust_notified`), else
+    /// from the primary.
     pub async fn fetch(
         &self,
         key: &EntityKey,
         at_least: i64,
         history: Option<&str>,
+        trust_notified: bool,
     ) -> Result<Fetched> {
         let on_replica = |pool| Box::pin(self.fetch_on(pool, key)) as _;
-        let confirmed = self.confirmed();
+        let confirmed = self.confirmed(trust_notified);
         match self
             .replicas
             .read(at_least, history, &confirmed, &self.counters, on_replica)
@@ -466,9 +483,10 @@ impl Store {
         since: i64,
         at_least: i64,
         history: Option<&str>,
+        trust_notified: bool,
     ) -> Option<Changes> {
         let on_replica = |pool| Box::pin(self.read_version(pool, Some(since))) as _;
-        let confirmed = self.confirmed();
+        let confirmed = self.confirmed(trust_notified);
         self.replicas
             .read(at_least, history, &confirmed, &self.counters, on_replica)
             .await

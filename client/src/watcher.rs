@@ -164,7 +164,7 @@ impl Watcher {
         let history = self.cache.history();
         let changes = self
             .store
-            .changes_on_replica(since, at_least, history.as_deref())
+            .changes_on_replica(since, at_least, history.as_deref(), !self.cache.went_back())
             .await;
         match changes {
             Some(changes) => {

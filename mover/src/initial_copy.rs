@@ -75,6 +75,9 @@ pub(crate) async fn snapshot_at_slot<'r>(
     logical::advance_to(&source.client, slot, &lsn)
         .await
         .at(Step::Sync, shard)?;
+    logical::persist_slots(&source.client, shard)
+        .await
+        .at(Step::Sync, shard)?;
     Ok(snapshot)
 }
 

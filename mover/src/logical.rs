@@ -343,13 +343,61 @@ pub(crate) async fn enable_subscription(
 /// Moves the slot past every transaction flushed on its server so far (it must not be in use):
 /// a way back's, under the freeze, past the move's own writes on the target.
 pub(crate) async fn skip_to_now(client: &Client, name: &str) -> Result<(), tokio_postgres::Error> {
-    client
-        .execute(
-            "SELECT pg_replication_slot_advance($1, pg_current_wal_flush_lsn())",
-            &[&name],
-        )
-        .await
-        .map(|_| ())
+    advance_slot(
+        client,
+        "SELECT pg_replication_slot_advance($1, pg_current_wal_flush_lsn())",
+        &[&name],
+    )
+    .await
+}
+
+/// Makes the slots' positions on `client`'s server durable (`CHECKPOINT`): a slot moved with
+/// `pg_replication_slot_advance` is written to disk only at the next checkpoint, and a crash
+/// before it puts the slot back where it was, so that the subscription would stream again what
+/// the mover's own copy holds (and stop on its keys for ever). Needs `pg_checkpoint` (or a
+/// superuser); without it the position stays in memory until the server's next checkpoint,
+/// said in a WARN.
+pub(crate) async fn persist_slots(
+    client: &Client,
+    shard: &str,
+) -> Result<(), tokio_postgres::Error> {
+    match client.batch_execute("CHECKPOINT").await {
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) => {
+            tracing::warn!(
+                shard,
+                "the mover may not CHECKPOINT on shard {shard} (GRANT \
+                pg_checkpoint TO it): a crash of the shard before its next checkpoint would \
+                stop the move's subscription on rows its copy already made"
+            );
+            Ok(())
+        }
+        done => done,
+    }
+}
+
+/// How long a slot another session holds is waited for before its error is the step's.
+const SLOT_IN_USE_WAIT: Duration = Duration::from_secs(10);
+
+/// Runs `sql`, which moves a slot, again while another session holds the slot (55006): a mover
+/// killed while it moved the slot leaves its session doing so until the server notices, and the
+/// resume must not fail (and abort the move) on it.
+async fn advance_slot(
+    client: &Client,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<(), tokio_postgres::Error> {
+    let start = Instant::now();
+    loop {
+        match client.execute(sql, params).await {
+            Err(e)
+                if e.code() == Some(&tokio_postgres::error::SqlState::OBJECT_IN_USE)
+                    && start.elapsed() < SLOT_IN_USE_WAIT =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            done => return done.map(|_| ()),
+        }
+    }
 }
 
 /// Moves the slot (not in use) to `lsn`, a position read on its server: once that position is
@@ -361,13 +409,12 @@ pub(crate) async fn advance_to(
     lsn: &str,
 ) -> Result<(), tokio_postgres::Error> {
     emit_flushed(client, "snapshot").await?;
-    client
-        .execute(
-            "SELECT pg_replication_slot_advance($1, $2::text::pg_lsn)",
-            &[&name, &lsn],
-        )
-        .await
-        .map(|_| ())
+    advance_slot(
+        client,
+        "SELECT pg_replication_slot_advance($1, $2::text::pg_lsn)",
+        &[&name, &lsn],
+    )
+    .await
 }
 
 /// WAL the slot keeps on the source (bytes from its restart position to the insert position),

@@ -17,7 +17,7 @@ use std::ffi::CStr;
 
 use pgrx::prelude::*;
 
-use super::heap;
+use super::{heap, latest};
 use crate::catalog;
 use crate::error::SdError;
 
@@ -35,7 +35,7 @@ fn directory_epoch() -> String {
     // SAFETY: reads shared memory the server set up at start; raises no error.
     let system = unsafe { pg_sys::GetSystemIdentifier() };
     let version = catalog::relation(c"shard_directory_version");
-    match heap::read_singleton_text(version, "shard_directory_version", LINEAGE) {
+    match heap::read_singleton_text(version, "shard_directory_version", LINEAGE, latest::row()) {
         Some(lineage) if !lineage.is_empty() => format!("{system}.{lineage}"),
         _ => format!("{system}.{}", timeline()),
     }
@@ -55,12 +55,30 @@ fn timeline() -> u32 {
     }
 }
 
-/// This server: its system identifier and when its postmaster started. A restart, a standby
-/// (promoted or not) and a copy started elsewhere each are another.
+/// This copy of the directory: the cluster's system identifier, when its postmaster started, and
+/// the database. A restart, a standby (promoted or not), a copy started elsewhere and a copy
+/// made beside it (`CREATE DATABASE ... TEMPLATE`, then perhaps renamed in its place) each are
+/// another. A crash of one backend, which the postmaster survives, is not: no version it made
+/// visible is lost, since each is flushed before it is visible ([`durable`]).
 fn this_server() -> String {
-    // SAFETY: read values the postmaster set at start.
-    let (system, started) = unsafe { (pg_sys::GetSystemIdentifier(), pg_sys::PgStartTime) };
-    format!("{system}.{started}")
+    // SAFETY: read values the postmaster and this backend set at start.
+    let (system, started, database) = unsafe {
+        (
+            pg_sys::GetSystemIdentifier(),
+            pg_sys::PgStartTime,
+            pg_sys::MyDatabaseId,
+        )
+    };
+    format!("{system}.{started}.{}", database.to_u32())
+}
+
+/// Makes this transaction's commit flush its WAL before it is visible, whatever
+/// `synchronous_commit` says: a version a client has read is never lost in a crash (with it off,
+/// a crash of one backend, which restarts nothing, could lose a commit readers had seen, and
+/// the next change would number its version again in the same lineage). Called by every bump.
+pub fn durable() {
+    // SAFETY: sets a flag of the running transaction, read at its commit.
+    unsafe { pg_sys::ForceSyncCommit() }
 }
 
 /// The lineage columns a bump writes into the version row, whose lineage columns `read` reads:

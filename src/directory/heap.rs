@@ -560,14 +560,16 @@ pub fn peek_singleton(
     }
 }
 
-/// Text column `name` of the singleton row of `relid` as the running statement's snapshot sees
-/// it; `None` when it is null or the table has no such column.
+/// Text column `name` of the singleton row of `relid` (looked for at `hint` first) as the
+/// running statement's snapshot sees it; `None` when it is null or the table has no such column.
+/// Opened to read only, as a SELECT of the row is: it waits for no lock a reader would not.
 pub fn read_singleton_text(
     relid: pg_sys::Oid,
     table_name: &'static str,
     name: &CStr,
+    hint: Option<pg_sys::ItemPointerData>,
 ) -> Option<String> {
-    let table = Table::open(relid);
+    let table = Table::open_to_read(relid);
     if !table.has(name) {
         return None;
     }
@@ -579,7 +581,7 @@ pub fn read_singleton_text(
         } else {
             pg_sys::GetTransactionSnapshot()
         };
-        with_singleton(&table, table_name, snapshot, None, |tuple| {
+        with_singleton(&table, table_name, snapshot, hint, |tuple| {
             table
                 .get(tuple, name)
                 .and_then(|d| String::from_datum(d, false))

@@ -351,6 +351,7 @@ fn predict(after: Option<i64>) -> i64 {
 /// and queues its notification.
 fn bump() -> Bump {
     let relid = lock_versions();
+    epoch::durable();
     let hint = latest::row();
     let lineage = epoch::columns_present(relid);
     let (bump, row) = heap::update_singleton(relid, "shard_directory_version", hint, |read| {

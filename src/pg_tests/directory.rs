@@ -830,9 +830,10 @@ mod tests {
             one::<String>("SELECT lineage_minted_by FROM shard_directory.shard_directory_version"),
             one::<String>(
                 "SELECT system_identifier || '.' || ((extract(epoch FROM pg_postmaster_start_time()) \
-                 - 946684800) * 1000000)::bigint FROM pg_control_system()"
+                 - 946684800) * 1000000)::bigint || '.' || d.oid \
+                 FROM pg_control_system(), pg_database d WHERE d.datname = current_database()"
             ),
-            "this server's start minted it"
+            "this server's start, in this database, minted it"
         );
         change("SELECT shard_directory.begin_move('tenant', '1', 'shard_2')");
         assert_eq!(

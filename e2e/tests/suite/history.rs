@@ -69,7 +69,7 @@ async fn epoch_of(cluster: &Cluster) -> String {
 
 /// Waits (up to [`DEADLINE`]) until `d`'s lookup of tenant `id` names `shard`; panics with what
 /// it kept saying.
-async fn says(d: &Directory, id: &str, shard: &str, what: &str) {
+pub(crate) async fn says(d: &Directory, id: &str, shard: &str, what: &str) {
     let last = std::sync::Mutex::new(String::new());
     let found = within(DEADLINE, || async {
         let said = match d.lookup("tenant", id).await {
@@ -93,7 +93,7 @@ async fn says(d: &Directory, id: &str, shard: &str, what: &str) {
 
 /// A write for tenant `id` routed by `router` lands on the shard the directory names (a
 /// retryable refusal is retried, within [`DEADLINE`]), and nowhere else.
-async fn writes_land(t: &Topology, router: &Router, id: &str, item: &str) {
+pub(crate) async fn writes_land(t: &Topology, router: &Router, id: &str, item: &str) {
     let shard = t.placement(id).await;
     eventually("the routed write to be acknowledged", DEADLINE, || async {
         match Topology::order(router, id, item).await {

@@ -1,7 +1,6 @@
 //! The end-to-end suite, in one binary: each module is what a part of `shard_directory` does
 //! against real clusters, as a client, an operator or a DBA meets it.
 
-mod attack42;
 mod cli;
 mod client;
 mod client_bounds;
@@ -13,6 +12,7 @@ mod drills;
 mod dump;
 mod failover;
 mod history;
+mod history_edges;
 mod mixed_fleet;
 mod mover;
 mod mover_batch;

@@ -1,13 +1,16 @@
-//! Attacks on issue 42 ("One history"): where `(epoch, version)` still names two states of the
-//! directory, and where a layer still brings back a version the surviving primary no longer has.
-//! Each test fails against the change as it stands (a9223c3).
+//! One history at its edges (issue 42, found by attacking the change): copies of the directory
+//! made beside it (`CREATE DATABASE ... TEMPLATE`, a snapshot renamed into its place), a crash
+//! of one backend that the postmaster survives, notifications after a restore (the restored
+//! primary's, and a forged one), and the lock the epoch's read takes. Each failed before its fix.
 
 use std::time::Duration;
+
+use crate::history::{says, writes_land};
 
 use shard_directory_client::{Directory, DirectoryConfig, Router, SharedCacheConfig};
 use shard_directory_e2e::redis::RedisServer;
 use shard_directory_e2e::topology::{connected_directory, DIRECTORY_DB};
-use shard_directory_e2e::{eventually, reaches, within, Cluster, Topology};
+use shard_directory_e2e::{eventually, reaches, Cluster, Topology};
 
 const DEADLINE: Duration = Duration::from_secs(15);
 
@@ -65,29 +68,6 @@ async fn copy_database(cluster: &Cluster, db: &str, copy: &str) {
     .await;
 }
 
-/// Waits (up to [`DEADLINE`]) until `d`'s lookup of tenant `id` names `shard`.
-async fn says(d: &Directory, id: &str, shard: &str, what: &str) {
-    let last = std::sync::Mutex::new(String::new());
-    let found = within(DEADLINE, || async {
-        let said = match d.lookup("tenant", id).await {
-            Ok(e) => format!("{} (read at version {})", e.shard_name, e.directory_version),
-            Err(e) => format!("an error: {e}"),
-        };
-        let right = said.starts_with(&format!("{shard} "));
-        *last.lock().unwrap() = said;
-        right.then_some(())
-    })
-    .await;
-    assert!(
-        found.is_some(),
-        "{what}: tenant {id} is on {shard} in the directory, but {DEADLINE:?} later the client \
-         still says {} (it knows version {}, stats {:?})",
-        last.lock().unwrap(),
-        d.version(),
-        d.stats()
-    );
-}
-
 /// For `for_` (a few seconds), `d`'s lookup of tenant `id` never names another shard than
 /// `shard`: no layer brings back a lost entry, not even for a moment.
 async fn never_says_otherwise(d: &Directory, id: &str, shard: &str, for_: Duration, what: &str) {
@@ -109,37 +89,14 @@ async fn never_says_otherwise(d: &Directory, id: &str, shard: &str, for_: Durati
     }
 }
 
-/// A write for tenant `id` routed by `router` lands on the shard the directory names, and
-/// nowhere else.
-async fn writes_land(t: &Topology, router: &Router, id: &str, item: &str) {
-    let shard = t.placement(id).await;
-    eventually("the routed write to be acknowledged", DEADLINE, || async {
-        match Topology::order(router, id, item).await {
-            Ok(()) => Some(()),
-            Err(e) if e.is_retryable() => None,
-            Err(e) => panic!("the write for tenant {id}: {e}"),
-        }
-    })
-    .await;
-    for (name, _) in &t.shards {
-        let landed = t.orders(name, id).await.contains(&item.to_owned());
-        assert_eq!(
-            landed,
-            *name == shard,
-            "the write {item:?} for tenant {id} (on {shard} in the directory) landed on {name}: \
-             {landed}"
-        );
-    }
-}
-
 /// Invariant 1, on the server alone: a database copied with `CREATE DATABASE ... TEMPLATE`
 /// (a DBA's quick snapshot of the directory, on the same server) carries the version row as it
-/// is, `lineage_minted_by` included. Same system identifier, same postmaster start: neither copy's
-/// first change mints a lineage, and the two go on apart under one epoch, naming one
-/// `(epoch, version)` with two different contents.
+/// is, `lineage_minted_by` included, with the same system identifier and postmaster start; the
+/// database in who minted it makes the copy's first change mint a lineage of its own, so the two
+/// never name one `(epoch, version)` with two contents (they did, without the database).
 #[tokio::test]
-async fn attack42_a_template_copy_of_the_directory_goes_on_in_the_same_epoch() {
-    let t = Topology::start("attack42-template").await;
+async fn a_template_copy_of_the_directory_goes_on_in_an_epoch_of_its_own() {
+    let t = Topology::start("edges-template").await;
     let copied = t.add_tenants(2, "shard_1").await;
     let dir = &t.directory;
     copy_database(dir, DIRECTORY_DB, "directory_copy").await;
@@ -177,13 +134,14 @@ async fn attack42_a_template_copy_of_the_directory_goes_on_in_the_same_epoch() {
 
 /// Invariant 2, through the shared cache: a DBA restores the directory from a same-server
 /// template snapshot (drop the directory database, rename the snapshot to its name) and makes a
-/// change, which numbers the lost version again in the lost epoch. A fresh instance sharing the
-/// Redis in which an earlier instance put its read of the lost version takes that entry (tenant
-/// 1 on shard_2; the directory says shard_1) as current, and routes the write there.
+/// change, which numbers the lost version again, in an epoch of its own: a fresh instance
+/// sharing the Redis in which an earlier instance put its read of the lost version does not take
+/// that entry (tenant 1 on shard_2; the directory says shard_1), and its write lands where the
+/// directory says (it was routed by the lost entry before).
 #[tokio::test]
-async fn attack42_a_snapshot_restored_by_rename_lets_the_shared_cache_bring_back_a_lost_entry() {
+async fn a_snapshot_restored_by_rename_does_not_let_the_shared_cache_bring_back_a_lost_entry() {
     let redis = RedisServer::start().await;
-    let t = Topology::start("attack42-snapshot").await;
+    let t = Topology::start("edges-snapshot").await;
     let copied = t.add_tenants(2, "shard_1").await;
     let dir = &t.directory;
     copy_database(dir, DIRECTORY_DB, "directory_snapshot").await;
@@ -213,10 +171,16 @@ async fn attack42_a_snapshot_restored_by_rename_lets_the_shared_cache_bring_back
         format!("DROP DATABASE {DIRECTORY_DB} WITH (FORCE)"),
         format!("ALTER DATABASE directory_snapshot RENAME TO {DIRECTORY_DB}"),
     ] {
-        admin.batch_execute(&step).await.expect("restore the snapshot");
+        admin
+            .batch_execute(&step)
+            .await
+            .expect("restore the snapshot");
     }
     let again = change_in(dir, DIRECTORY_DB, &repoint("2", "shard_2")).await;
-    assert_eq!(again, lost, "the restored directory numbers the lost version again");
+    assert_eq!(
+        again, lost,
+        "the restored directory numbers the lost version again"
+    );
     assert_eq!(t.placement("1").await, "shard_1");
 
     let fresh = t.client_directory(sharing()).await;
@@ -303,13 +267,13 @@ async fn replica_ahead_of_a_restored_primary(name: &str) -> ReplicaAhead {
 
 /// Invariant 2, through the replica: the restored primary commits two changes in one
 /// transaction (tenants 3 and 4 added: its first change mints a new lineage), and notifies both
-/// versions at once. The watcher takes the highest notified version as "what the primary said"
-/// in the epoch the primary said *before* (`Store::primary_notified` keeps the old epoch), so
-/// the standby, still in recovery, still in the old epoch, exactly at that version, is read: the
-/// client applies the lost versions and routes tenant 1 to shard_2 until its next poll.
+/// versions at once. A notification names no epoch: after the directory went back, replicas
+/// are trusted only as far as the primary's own reads, so the standby, still in recovery, in the
+/// old epoch and exactly at the notified version, is not read (it was, and the client routed
+/// tenant 1 to shard_2 until its next poll).
 #[tokio::test]
-async fn attack42_a_notification_from_the_restored_primary_lets_a_replica_serve_lost_versions() {
-    let a = replica_ahead_of_a_restored_primary("attack42-notified").await;
+async fn a_notification_from_the_restored_primary_does_not_let_a_replica_serve_lost_versions() {
+    let a = replica_ahead_of_a_restored_primary("edges-notified").await;
     let version = change_in(
         &a.t.directory,
         DIRECTORY_DB,
@@ -321,7 +285,10 @@ async fn attack42_a_notification_from_the_restored_primary_lets_a_replica_serve_
          COMMIT",
     )
     .await;
-    assert_eq!(version, a.lost, "the restored primary numbers the lost versions again");
+    assert_eq!(
+        version, a.lost,
+        "the restored primary numbers the lost versions again"
+    );
     reaches(&a.d, a.lost).await;
     never_says_otherwise(
         &a.d,
@@ -335,20 +302,17 @@ async fn attack42_a_notification_from_the_restored_primary_lets_a_replica_serve_
 }
 
 /// Invariant 2, through a forged notification: anyone who can connect may NOTIFY the
-/// directory's channel, and the watcher now takes the payload as a version the primary said
-/// (`primary_notified`), which lifts the bound on replica reads. With the restored primary at
-/// the copy's version (no change yet, so one epoch), a NOTIFY naming the lost version makes the
-/// watcher read the standby that is still at it: the client goes forward to the lost version
-/// and routes tenant 1 to shard_2 until its next poll.
+/// directory's channel. With the restored primary at the copy's version (no change yet, so one
+/// epoch) and the client having read the version go back, a NOTIFY naming the lost version does
+/// not lift the bound on replica reads: the standby still at it is not read (it was, and the
+/// client went forward to the lost version and routed tenant 1 to shard_2).
 #[tokio::test]
-async fn attack42_a_forged_notify_lets_a_replica_serve_versions_the_primary_lost() {
-    let a = replica_ahead_of_a_restored_primary("attack42-forged").await;
+async fn a_forged_notify_after_a_regression_does_not_let_a_replica_serve_lost_versions() {
+    let a = replica_ahead_of_a_restored_primary("edges-forged").await;
     let dba = a.t.dba().await;
-    dba.batch_execute(
-        "CREATE ROLE nobody LOGIN; GRANT CONNECT ON DATABASE directory TO nobody",
-    )
-    .await
-    .unwrap();
+    dba.batch_execute("CREATE ROLE nobody LOGIN; GRANT CONNECT ON DATABASE directory TO nobody")
+        .await
+        .unwrap();
     let mut config = a.t.directory_config();
     config.user("nobody");
     let (nobody, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
@@ -378,16 +342,15 @@ async fn attack42_a_forged_notify_lets_a_replica_serve_versions_the_primary_lost
 }
 
 /// Invariant 1, through a crash restart: the harness's directory commits asynchronously
-/// (`synchronous_commit = off`, which docs/operations.md allows for), and a backend that dies
-/// makes the postmaster reset and run crash recovery without restarting: `PgStartTime`, and so
-/// `lineage_minted_by`, stay as they were. The commit that was not yet on disk is lost, clients
-/// had read it (notifications and reads come at commit), and the recovered directory's next
-/// change numbers the lost version again in the same lineage: one `(epoch, version)`, two
-/// contents; a fresh instance takes the lost entry from Redis and routes a write by it.
+/// (`synchronous_commit = off`), and a backend that dies makes the postmaster reset and run
+/// crash recovery without restarting: `PgStartTime`, and so `lineage_minted_by`, stay as they
+/// were. A directory change is flushed before it is visible whatever the setting, so no version
+/// a client read is lost (one was, and the next change numbered it again in the same lineage: a
+/// fresh instance took the lost entry from Redis and routed a write by it).
 #[tokio::test]
-async fn attack42_a_crash_restart_that_loses_a_commit_reuses_its_version_in_the_same_epoch() {
+async fn a_crash_restart_loses_no_version_a_client_read() {
     let redis = RedisServer::start().await;
-    let t = Topology::start("attack42-crash").await;
+    let t = Topology::start("edges-crash").await;
     let copied = t.add_tenants(2, "shard_1").await;
     let dir = &t.directory;
     let admin = dir.connect("postgres").await;
@@ -422,7 +385,10 @@ async fn attack42_a_crash_restart_that_loses_a_commit_reuses_its_version_in_the_
     let lost_epoch = epoch_in(dir, DIRECTORY_DB).await;
     reaches(&d, lost).await;
     let one = d.lookup("tenant", "1").await.unwrap();
-    assert_eq!((one.shard_name.as_str(), one.directory_version), ("shard_2", lost));
+    assert_eq!(
+        (one.shard_name.as_str(), one.directory_version),
+        ("shard_2", lost)
+    );
     drop(d);
 
     // A backend dies: the postmaster resets and recovers, without restarting.
@@ -432,7 +398,11 @@ async fn attack42_a_crash_restart_that_loses_a_commit_reuses_its_version_in_the_
         .unwrap();
     assert!(killed.success());
     let admin = eventually("the directory to recover", DEADLINE * 2, || async {
-        let (c, connection) = dir.config("postgres").connect(tokio_postgres::NoTls).await.ok()?;
+        let (c, connection) = dir
+            .config("postgres")
+            .connect(tokio_postgres::NoTls)
+            .await
+            .ok()?;
         tokio::spawn(connection);
         c.query_one("SELECT 1", &[]).await.ok()?;
         Some(c)
@@ -445,7 +415,11 @@ async fn attack42_a_crash_restart_that_loses_a_commit_reuses_its_version_in_the_
         .get(0);
     assert_eq!(after, started, "a crash restart, not a new postmaster");
     let recovered = eventually("the directory database to answer", DEADLINE, || async {
-        let (c, connection) = dir.config(DIRECTORY_DB).connect(tokio_postgres::NoTls).await.ok()?;
+        let (c, connection) = dir
+            .config(DIRECTORY_DB)
+            .connect(tokio_postgres::NoTls)
+            .await
+            .ok()?;
         tokio::spawn(connection);
         let v: i64 = c
             .query_one("SELECT shard_directory.current_version()", &[])
@@ -456,41 +430,42 @@ async fn attack42_a_crash_restart_that_loses_a_commit_reuses_its_version_in_the_
     })
     .await;
     assert_eq!(
-        recovered, copied,
-        "precondition: the asynchronous commit of version {lost} was lost in the crash"
+        recovered, lost,
+        "the change a client read was flushed before it was visible: not lost in the crash"
     );
-    assert_eq!(t.placement("1").await, "shard_1");
+    assert_eq!(t.placement("1").await, "shard_2");
 
-    let again = change_in(dir, DIRECTORY_DB, &repoint("2", "shard_2")).await;
-    assert_eq!(again, lost, "the recovered directory numbers the lost version again");
-    let epoch = epoch_in(dir, DIRECTORY_DB).await;
+    let next = change_in(dir, DIRECTORY_DB, &repoint("2", "shard_2")).await;
+    assert_eq!(next, lost + 1, "no version is numbered again");
+    assert_eq!(
+        epoch_in(dir, DIRECTORY_DB).await,
+        lost_epoch,
+        "the same history"
+    );
     let fresh = t.client_directory(sharing).await;
-    assert_eq!(fresh.version(), lost);
-    let one = fresh.lookup("tenant", "1").await.unwrap();
-    assert!(
-        epoch != lost_epoch && one.shard_name.as_str() == "shard_1",
-        "version {lost} names two states in epoch {epoch} (lost: {lost_epoch}); a fresh \
-         instance routes tenant 1 to {} (the directory: shard_1)",
-        one.shard_name
+    assert_eq!(
+        fresh.lookup("tenant", "1").await.unwrap().shard_name,
+        "shard_2"
+    );
+    assert_eq!(
+        fresh.lookup("tenant", "2").await.unwrap().shard_name,
+        "shard_2"
     );
 }
 
-/// Regression: `directory_epoch()`, which every fill and every version read calls, opens the
-/// version table for writing (`heap::read_singleton_text` uses `Table::open`, RowExclusiveLock,
-/// not `open_to_read`). A session holding a SHARE lock on the table (a DBA's `CREATE INDEX`, or
-/// `LOCK ... IN SHARE MODE`) then blocks every client's reads, though a plain read of the same
-/// row goes on: here the router's role, as docs/operations.md grants it, times out.
+/// `directory_epoch()`, which every fill and every version read calls, reads the version table
+/// as a SELECT does: a session holding a SHARE lock on the table (a DBA's `CREATE INDEX`, or
+/// `LOCK ... IN SHARE MODE`) blocks neither (it opened the table for writing, and the router's
+/// role, as docs/operations.md grants it, timed out).
 #[tokio::test]
-async fn attack42_reading_the_epoch_waits_behind_a_share_lock_that_reads_of_the_version_do_not() {
-    let t = Topology::start("attack42-lock").await;
+async fn reading_the_epoch_waits_for_no_lock_a_read_of_the_version_does_not() {
+    let t = Topology::start("edges-lock").await;
     t.add_tenants(1, "shard_1").await;
     let router = t.router_role().await;
     let dba = t.dba().await;
-    dba.batch_execute(
-        "BEGIN; LOCK TABLE shard_directory.shard_directory_version IN SHARE MODE",
-    )
-    .await
-    .unwrap();
+    dba.batch_execute("BEGIN; LOCK TABLE shard_directory.shard_directory_version IN SHARE MODE")
+        .await
+        .unwrap();
     let (c, connection) = router.connect(tokio_postgres::NoTls).await.unwrap();
     tokio::spawn(connection);
     c.batch_execute("SET lock_timeout = '2s'").await.unwrap();
