@@ -319,21 +319,29 @@ async fn a_fresh_instance_does_not_take_an_entry_read_above_the_directorys_versi
     writes_land(&b.t, &b.t.router(fresh), "1", "from a fresh instance").await;
 }
 
+/// The directory's version on `cluster`, if it answers now (a server restarting, or a
+/// standby coming up, does not).
+pub(crate) async fn answered_version(cluster: &Cluster) -> Option<i64> {
+    let (c, connection) = cluster
+        .config(DIRECTORY_DB)
+        .connect(tokio_postgres::NoTls)
+        .await
+        .ok()?;
+    tokio::spawn(connection);
+    let row = c
+        .query_one("SELECT shard_directory.current_version()", &[])
+        .await
+        .ok()?;
+    Some(row.get(0))
+}
+
 /// Waits until `standby` has replayed directory version `version`.
-async fn replayed(standby: &Cluster, version: i64) {
+pub(crate) async fn replayed(standby: &Cluster, version: i64) {
     eventually("the standby to replay", DEADLINE * 2, || async {
-        let (c, connection) = standby
-            .config(DIRECTORY_DB)
-            .connect(tokio_postgres::NoTls)
+        answered_version(standby)
             .await
-            .ok()?;
-        tokio::spawn(connection);
-        let v: i64 = c
-            .query_one("SELECT shard_directory.current_version()", &[])
-            .await
-            .ok()?
-            .get(0);
-        (v >= version).then_some(())
+            .filter(|v| *v >= version)
+            .map(|_| ())
     })
     .await;
 }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::history::{says, writes_land};
+use crate::history::{answered_version, replayed, says, writes_land};
 
 use shard_directory_client::{Directory, DirectoryConfig, Router, SharedCacheConfig};
 use shard_directory_e2e::redis::RedisServer;
@@ -228,21 +228,7 @@ async fn replica_ahead_of_a_restored_primary(name: &str) -> ReplicaAhead {
         )
         .await
         .unwrap();
-    eventually("the standby to replay", DEADLINE * 2, || async {
-        let (c, connection) = replica
-            .config(DIRECTORY_DB)
-            .connect(tokio_postgres::NoTls)
-            .await
-            .ok()?;
-        tokio::spawn(connection);
-        let v: i64 = c
-            .query_one("SELECT shard_directory.current_version()", &[])
-            .await
-            .ok()?
-            .get(0);
-        (v >= lost).then_some(())
-    })
-    .await;
+    replayed(&replica, lost).await;
     reaches(&d, lost).await;
     assert_eq!(d.lookup("tenant", "1").await.unwrap().shard_name, "shard_2");
 
@@ -414,19 +400,8 @@ async fn a_crash_restart_loses_no_version_a_client_read() {
         .unwrap()
         .get(0);
     assert_eq!(after, started, "a crash restart, not a new postmaster");
-    let recovered = eventually("the directory database to answer", DEADLINE, || async {
-        let (c, connection) = dir
-            .config(DIRECTORY_DB)
-            .connect(tokio_postgres::NoTls)
-            .await
-            .ok()?;
-        tokio::spawn(connection);
-        let v: i64 = c
-            .query_one("SELECT shard_directory.current_version()", &[])
-            .await
-            .ok()?
-            .get(0);
-        Some(v)
+    let recovered = eventually("the directory database to answer", DEADLINE, || {
+        answered_version(dir)
     })
     .await;
     assert_eq!(
