@@ -239,6 +239,18 @@ CREATE TRIGGER shard_directory_history_guard
     FOR EACH ROW EXECUTE FUNCTION shard_directory_history_guard();
 ALTER TABLE shard_directory_history ENABLE ALWAYS TRIGGER shard_directory_history_guard;
 
+-- A publication that would carry the directory's tables to a logical copy is refused where the
+-- DBA makes it (check_publications(), src/directory/replica.rs; docs/directory.md, "Read
+-- copies"), in every session_replication_role.
+CREATE FUNCTION refuse_directory_publication() RETURNS event_trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$ BEGIN PERFORM shard_directory.check_publications(); END $$;
+CREATE EVENT TRIGGER shard_directory_refuse_publication ON ddl_command_end
+    WHEN TAG IN ('CREATE PUBLICATION', 'ALTER PUBLICATION')
+    EXECUTE FUNCTION refuse_directory_publication();
+ALTER EVENT TRIGGER shard_directory_refuse_publication ENABLE ALWAYS;
+
 CREATE TRIGGER shard_directory_history_no_truncate
     BEFORE TRUNCATE ON shard_directory_history
     FOR EACH STATEMENT EXECUTE FUNCTION shard_directory_refuse_truncate();

@@ -381,6 +381,23 @@ ALTER TABLE shard_directory ENABLE ALWAYS TRIGGER shard_directory_guard;
 ALTER TABLE shard_directory_version ENABLE ALWAYS TRIGGER shard_directory_version_guard;
 ALTER TABLE shard_directory_history ENABLE ALWAYS TRIGGER shard_directory_history_guard;
 
+CREATE FUNCTION "check_publications"() RETURNS void
+VOLATILE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_publications_wrapper';
+
+-- A publication that would carry the directory's tables to a logical copy is refused where the
+-- DBA makes it (check_publications(), src/directory/replica.rs; docs/directory.md, "Read
+-- copies"), in every session_replication_role.
+CREATE FUNCTION refuse_directory_publication() RETURNS event_trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$ BEGIN PERFORM shard_directory.check_publications(); END $$;
+CREATE EVENT TRIGGER shard_directory_refuse_publication ON ddl_command_end
+    WHEN TAG IN ('CREATE PUBLICATION', 'ALTER PUBLICATION')
+    EXECUTE FUNCTION refuse_directory_publication();
+ALTER EVENT TRIGGER shard_directory_refuse_publication ENABLE ALWAYS;
+
 -- Each table 0.1.0 protected with a key, protected again as 0.2.0 protects: the key on its
 -- statement trigger (where protected_tables() reads it), the row trigger AFTER each row (keys
 -- filled by BEFORE triggers and generated columns are what it checks) and on each partition

@@ -66,6 +66,7 @@ pgrx::extension_sql_file!(
         directory::triggers::shard_directory_refuse_truncate,
         directory::triggers::shards_guard,
         directory::triggers::shard_moves_notify,
+        directory::replica::check_publications,
     ]
 );
 

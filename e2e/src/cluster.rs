@@ -286,16 +286,21 @@ impl Cluster {
     /// A streaming standby of this cluster (`pg_basebackup -R`), started, on a port of its own.
     pub fn standby(&self, name: &str) -> Cluster {
         let root = cluster_root(name);
+        self.standby_data(&root);
+        start_on_a_free_port(self.install, name, root)
+    }
+
+    /// A standby's data directory in `root`, from this server.
+    fn standby_data(&self, root: &Path) {
         self.pg_basebackup(&root.join("data"), &["-R"]);
         // Its replay position reaches the primary within a second (pg_stat_replication).
         append_conf(
-            &root,
+            root,
             &format!(
                 "unix_socket_directories = '{}'\nwal_receiver_status_interval = 1\n",
                 root.display()
             ),
         );
-        start_on_a_free_port(self.install, name, root)
     }
 
     /// Ends a standby's recovery: from now on it is a primary, on a timeline of its own.
@@ -306,6 +311,32 @@ impl Cluster {
             .arg(self.root.join("data"))
             .arg("promote");
         run(pg_ctl, "pg_ctl promote");
+    }
+
+    /// A failover behind an address that moves (a virtual IP, a DNS name): this server, its
+    /// primary crashed, the promoted standby `promoted` stopped, and its data directory put in
+    /// place of this one's, started again at this server's address. Clients then meet a new
+    /// timeline where they knew the old primary.
+    pub fn take_over(&self, promoted: &Cluster) {
+        promoted.stop();
+        let data = self.root.join("data");
+        fs::remove_dir_all(&data).expect("remove the data directory");
+        copy_tree(&promoted.root.join("data"), &data);
+        append_conf(
+            &self.root,
+            &format!("unix_socket_directories = '{}'\n", self.root.display()),
+        );
+        self.restart();
+    }
+
+    /// This server made again as a streaming standby of `primary` (`pg_basebackup -R`), on the
+    /// same port, whether it was running or not: a standby rebuilt.
+    pub fn follow(&self, primary: &Cluster) {
+        let _ = self.immediate_stop().output();
+        let data = self.root.join("data");
+        fs::remove_dir_all(&data).expect("remove the data directory");
+        primary.standby_data(&self.root);
+        self.restart();
     }
 
     /// Stops the server (fast shutdown: sessions are disconnected), keeping its data.

@@ -1,17 +1,22 @@
 //! A randomized history, in the spirit of Jepsen: routers of every kind the client offers (one
 //! with its own LISTEN, one following the relay, one sharing a Redis cache, one reading the
 //! directory's standbys) write to many tenants while a seeded schedule of events runs against
-//! the directory: re-points, restarts and crashes, restores from a cold copy or a base backup
-//! (some making at once a change that numbers a lost version again), a second standby promoted
-//! by mistake and changed there, a standby's replay paused, the relay and Redis restarted.
+//! the directory: re-points, moves by the mover, restarts and crashes, a failover to the
+//! standby behind the directory's address, restores from a cold copy or a base backup (some
+//! making at once a change that numbers a lost version again), a second standby promoted by
+//! mistake and changed there, a standby's replay paused or the standby stopped, the relay and
+//! Redis restarted.
 //!
 //! The invariant: every acknowledged write was committed, once, on a shard that the directory's
 //! surviving primary named for its tenant at some moment of the write (allowing [`LAG`] for a
-//! change to reach the routers), or it was refused. The schedule is the only writer of the
-//! directory, so it keeps what the primary named, and when: a restore puts back what the copy
-//! held, as of the moment it is started again. A router that keeps routing by a history the
-//! directory left (a lost version, a stray server's change) writes where the surviving primary
-//! never named, past the lag, and is caught; so is a write that went nowhere, or twice.
+//! change to reach the routers), or it was refused; and its row is then on exactly one shard
+//! (a move neither lost nor doubled it). The schedule is the only writer of the directory, so it
+//! keeps what the primary named, and when: a restore puts back what the copy held, as of the
+//! moment it is started again. Where a write was committed is read from a log each shard keeps
+//! by a user trigger on `orders`, which the mover's copies do not fire. A router that keeps
+//! routing by a history the directory left (a lost version, a stray server's change) writes
+//! where the surviving primary never named, past the lag, and is caught; so is a write that went
+//! nowhere, or twice.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -36,6 +41,8 @@ const KEY: &[u8] = b"the history's relay key";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Event {
     Repoint,
+    Move,
+    Failover,
     Restart,
     Crash,
     ColdCopy,
@@ -45,12 +52,16 @@ pub enum Event {
     StrayPromotion,
     PauseReplay,
     ResumeReplay,
+    StandbyStop,
+    StandbyStart,
     RelayRestart,
     RedisRestart,
 }
 
-const WEIGHTS: [(Event, u32); 12] = [
+const WEIGHTS: [(Event, u32); 16] = [
     (Event::Repoint, 12),
+    (Event::Move, 2),
+    (Event::Failover, 1),
     (Event::Restart, 2),
     (Event::Crash, 1),
     (Event::ColdCopy, 1),
@@ -60,6 +71,8 @@ const WEIGHTS: [(Event, u32); 12] = [
     (Event::StrayPromotion, 1),
     (Event::PauseReplay, 1),
     (Event::ResumeReplay, 1),
+    (Event::StandbyStop, 1),
+    (Event::StandbyStart, 1),
     (Event::RelayRestart, 1),
     (Event::RedisRestart, 1),
 ];
@@ -177,12 +190,29 @@ impl std::fmt::Display for Report {
     }
 }
 
-/// The tenants the routers write to.
+/// The tenants the routers write to: the first [`REPOINTED`] are re-pointed (a DBA's
+/// emergency, leaving their rows where they were), the others moved with their rows: a move
+/// onto a shard that still holds rows a re-point left there would delete them (the mover empties
+/// the target's rows of the entity before it copies).
 const TENANTS: usize = 8;
+const REPOINTED: usize = 6;
 
 fn tenant(i: usize) -> String {
     format!("h{i}")
 }
+
+fn repointed(rng: &mut fastrand::Rng) -> String {
+    tenant(rng.usize(..REPOINTED))
+}
+
+/// Where each shard logs the items committed by the application: a user trigger, which the
+/// mover's copies (as `session_replication_role = replica`) do not fire.
+const COMMIT_LOG: &str = "
+    CREATE TABLE orders_log (item text PRIMARY KEY);
+    CREATE FUNCTION log_order() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+        SET search_path = public AS $$
+        BEGIN INSERT INTO orders_log VALUES (NEW.item); RETURN NULL; END $$;
+    CREATE TRIGGER log_order AFTER INSERT ON orders FOR EACH ROW EXECUTE FUNCTION log_order();";
 
 /// The re-point of `tenant` to `shard`, as a DBA makes it in an emergency; a statement a line
 /// (as `postgres --single` takes them).
@@ -227,6 +257,7 @@ fn blocking<R>(f: impl FnOnce() -> R) -> R {
 pub async fn run(seed: u64, events: usize) -> Report {
     let mut rng = fastrand::Rng::with_seed(seed);
     let t = Topology::durable(&format!("hist{seed}")).await;
+    t.on_every_shard(COMMIT_LOG).await;
     for i in 0..TENANTS {
         t.add_tenant(&tenant(i), "shard_1").await;
     }
@@ -320,11 +351,14 @@ pub async fn run(seed: u64, events: usize) -> Report {
     let mut copy: Option<(ColdCopy, BTreeMap<String, String>)> = None;
     let (mut copy_kind, mut lost) = ("", 0);
     let mut stray_promoted = false;
+    let mut standby_up = true;
+    // Whether a restore left the standby on a history the primary no longer has.
+    let mut standby_behind = false;
     for _ in 0..events {
         let event = pick(&mut rng);
         let done = match event {
             Event::Repoint => {
-                let who = tenant(rng.usize(..TENANTS));
+                let who = repointed(&mut rng);
                 let to = other(&placements.lock().unwrap().now()[&who]).to_owned();
                 let sent = Instant::now();
                 lost += 1;
@@ -339,6 +373,75 @@ pub async fn run(seed: u64, events: usize) -> Report {
                     .change(&who, &to, sent, Instant::now());
                 true
             }
+            Event::Move => {
+                let who = tenant(rng.usize(REPOINTED..TENANTS));
+                let to = other(&placements.lock().unwrap().now()[&who]).to_owned();
+                let sent = Instant::now();
+                t.move_tenant(&who, &to).await;
+                placements
+                    .lock()
+                    .unwrap()
+                    .change(&who, &to, sent, Instant::now());
+                // A copy from before the move names the shard the move emptied: restored, the
+                // directory would send the tenant's writes where its rows no longer are.
+                copy = None;
+                true
+            }
+            // Behind an address that moves: the standby promoted once it has replayed every
+            // change (one that lost changes is a restore, which the schedule makes otherwise),
+            // then rebuilt as the new primary's standby. A standby a restore left behind is
+            // rebuilt first, as a DBA does before counting on it.
+            Event::Failover => {
+                blocking(|| {
+                    if standby_behind {
+                        standby.follow(&t.directory);
+                    } else if !standby_up {
+                        standby.restart();
+                    }
+                });
+                (standby_up, standby_behind) = (true, false);
+                let at: String = t
+                    .dba()
+                    .await
+                    .query_one("SELECT pg_current_wal_lsn()::text", &[])
+                    .await
+                    .expect("the primary's position")
+                    .get(0);
+                let replica = standby.connect(DIRECTORY_DB).await;
+                replica
+                    .batch_execute("SELECT pg_wal_replay_resume()")
+                    .await
+                    .expect("resume replay");
+                crate::eventually("the standby to replay the primary", LAG * 4, || async {
+                    let row = replica
+                        .query_one(
+                            "SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn",
+                            &[&at],
+                        )
+                        .await
+                        .ok()?;
+                    row.get::<_, bool>(0).then_some(())
+                })
+                .await;
+                blocking(|| {
+                    t.directory.crash();
+                    standby.promote();
+                    t.directory.take_over(&standby);
+                    standby.follow(&t.directory);
+                });
+                true
+            }
+            Event::StandbyStop if standby_up => {
+                blocking(|| standby.crash());
+                standby_up = false;
+                true
+            }
+            Event::StandbyStart if !standby_up => {
+                blocking(|| standby.restart());
+                standby_up = true;
+                true
+            }
+            Event::StandbyStop | Event::StandbyStart => false,
             Event::Restart => {
                 blocking(|| {
                     t.directory.stop_or_crash();
@@ -373,7 +476,7 @@ pub async fn run(seed: u64, events: usize) -> Report {
                     // A change made before any router can connect numbers the first lost
                     // version again, with other contents.
                     let change = (event == Event::RestoreAndChange).then(|| {
-                        let who = tenant(rng.usize(..TENANTS));
+                        let who = repointed(&mut rng);
                         let to = other(&then[&who]).to_owned();
                         (who, to)
                     });
@@ -385,6 +488,7 @@ pub async fn run(seed: u64, events: usize) -> Report {
                         }
                         t.directory.restart();
                     });
+                    standby_behind = true;
                     report.restores.push(format!(
                         "{copy_kind}, {lost} re-points lost{}",
                         if change.is_some() {
@@ -408,7 +512,7 @@ pub async fn run(seed: u64, events: usize) -> Report {
                 stray_promoted = true;
                 blocking(|| stray.promote());
                 // The stray server goes on a history of its own: a change only it has.
-                let who = tenant(rng.usize(..TENANTS));
+                let who = repointed(&mut rng);
                 let to = other(&placements.lock().unwrap().now()[&who]).to_owned();
                 let sql = repoint_sql(&who, &to);
                 crate::eventually("the stray server to take writes", LAG * 4, || async {
@@ -423,7 +527,7 @@ pub async fn run(seed: u64, events: usize) -> Report {
                 true
             }
             Event::StrayPromotion => false,
-            Event::PauseReplay | Event::ResumeReplay => {
+            Event::PauseReplay | Event::ResumeReplay if standby_up => {
                 let sql = if event == Event::PauseReplay {
                     "SELECT pg_wal_replay_pause()"
                 } else {
@@ -436,6 +540,7 @@ pub async fn run(seed: u64, events: usize) -> Report {
                     .await
                     .is_ok()
             }
+            Event::PauseReplay | Event::ResumeReplay => false,
             Event::RelayRestart => {
                 let _ = relay_process.kill().await;
                 relay_process = relay(&t, &redis);
@@ -515,30 +620,26 @@ pub async fn run(seed: u64, events: usize) -> Report {
 
 /// Finds each acknowledged write's shard and holds it against what the primary named.
 async fn judge(t: &Topology, placements: &Placements, acked: &[Acked], report: &mut Report) {
-    let mut found: HashMap<String, Vec<String>> = HashMap::new();
-    for (shard, _) in &t.shards {
-        let items = crate::column(&t.shard(shard).await, "SELECT item FROM orders", &[]).await;
-        for item in items {
-            found.entry(item).or_default().push(shard.clone());
-        }
-    }
+    let (committed, found) = (
+        items_by_shard(t, "SELECT item FROM orders_log").await,
+        items_by_shard(t, "SELECT item FROM orders").await,
+    );
     for write in acked {
         *report.acked.entry(write.router).or_default() += 1;
-        let on = found
-            .get(&write.item)
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        let problem = match on {
-            [] => Some("on no shard".to_owned()),
-            [shard]
+        let on =
+            |by: &HashMap<String, Vec<String>>| by.get(&write.item).cloned().unwrap_or_default();
+        let problem = match (on(&committed).as_slice(), on(&found).len()) {
+            ([], _) => Some("committed on no shard".to_owned()),
+            ([shard], _)
                 if !placements.named(&write.tenant, shard, since(write.started), write.acked) =>
             {
                 Some(format!(
-                    "on {shard}, never named for it by the surviving primary then"
+                    "committed on {shard}, never named for it by the surviving primary then"
                 ))
             }
-            [_] => None,
-            more => Some(format!("on {more:?}")),
+            ([_], 1) => None,
+            ([shard], n) => Some(format!("committed on {shard}, now on {n} shards")),
+            (more, _) => Some(format!("committed on {more:?}")),
         };
         if let Some(problem) = problem {
             report.violations.push(format!(
@@ -550,6 +651,17 @@ async fn judge(t: &Topology, placements: &Placements, acked: &[Acked], report: &
             ));
         }
     }
+}
+
+/// Each item `sql` reads from every shard, with the shards it is on.
+async fn items_by_shard(t: &Topology, sql: &str) -> HashMap<String, Vec<String>> {
+    let mut by: HashMap<String, Vec<String>> = HashMap::new();
+    for (shard, _) in &t.shards {
+        for item in crate::column(&t.shard(shard).await, sql, &[]).await {
+            by.entry(item).or_default().push(shard.clone());
+        }
+    }
+    by
 }
 
 /// `LAG` before `at` (or `at`, this early in the process).

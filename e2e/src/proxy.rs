@@ -2,8 +2,9 @@
 //! never answers, as a load balancer or proxy whose backend is gone does (the kernel's TCP
 //! connect succeeds; PostgreSQL's startup never completes). It can cut the connections it
 //! carries on the client's side only, as a network blip does: the server keeps its sessions (and
-//! their locks) until it finds out. And it can pause them, bytes held and both ends open, as a
-//! network partition does: neither side hears of it for minutes.
+//! their locks) until it finds out. It can pause them, bytes held and both ends open, as a
+//! network partition does: neither side hears of it for minutes. And it can strand them for good
+//! while new connections pass, as a lost NAT entry or load balancer flow does.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,6 +19,7 @@ pub struct Proxy {
     forwarding: Arc<AtomicBool>,
     cut: watch::Sender<u64>,
     paused: watch::Sender<bool>,
+    stranded: watch::Sender<u64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -30,6 +32,7 @@ impl Proxy {
         let forwarding = Arc::new(AtomicBool::new(false));
         let (cut, cuts) = watch::channel(0u64);
         let (paused, pauses) = watch::channel(false);
+        let (stranded, strands) = watch::channel(0u64);
         // Server sides of connections cut on the client's side: kept open, as the server sees it.
         let kept: Arc<Mutex<Vec<OwnedWriteHalf>>> = Arc::default();
         let mode = forwarding.clone();
@@ -37,7 +40,9 @@ impl Proxy {
             while let Ok((mut client, _)) = listener.accept().await {
                 let forward = mode.load(Ordering::SeqCst);
                 let (mut cuts, pauses, kept) = (cuts.clone(), pauses.clone(), kept.clone());
+                let mut strands = strands.clone();
                 cuts.mark_unchanged();
+                strands.mark_unchanged();
                 tokio::spawn(async move {
                     if !forward {
                         // Read what the client sends, answer nothing, until it hangs up.
@@ -53,8 +58,8 @@ impl Proxy {
                     tokio::select! {
                         _ = async {
                             tokio::join!(
-                                pump(from_client, &mut to_server, pauses.clone()),
-                                pump(from_server, to_client, pauses),
+                                pump(from_client, &mut to_server, pauses.clone(), strands.clone()),
+                                pump(from_server, to_client, pauses, strands),
                             )
                         } => {}
                         _ = cuts.changed() => kept.lock().unwrap().push(to_server),
@@ -67,6 +72,7 @@ impl Proxy {
             forwarding,
             cut,
             paused,
+            stranded,
             task,
         }
     }
@@ -95,6 +101,12 @@ impl Proxy {
         self.paused.send_replace(on);
     }
 
+    /// Holds every connection carried now for good, both ends open and nothing passing, while
+    /// new connections pass: neither end of a stranded one hears of it.
+    pub fn strand(&self) {
+        self.stranded.send_modify(|n| *n += 1);
+    }
+
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -108,16 +120,23 @@ impl Proxy {
     }
 }
 
-/// Copies `from` to `to`, holding what it reads while `paused` says so; `to` is shut down when
-/// `from` ends, so the other end hears of it.
+/// Copies `from` to `to`, holding what it reads while `paused` says so, and for good once
+/// `stranded` changes; `to` is shut down when `from` ends, so the other end hears of it, unless
+/// stranded.
 async fn pump<W: AsyncWriteExt + Unpin>(
     mut from: OwnedReadHalf,
     mut to: W,
     mut paused: watch::Receiver<bool>,
+    stranded: watch::Receiver<u64>,
 ) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        let n = match from.read(&mut buf).await {
+        let read = from.read(&mut buf).await;
+        if stranded.has_changed().unwrap_or(false) {
+            let _open = (from, to);
+            return std::future::pending().await;
+        }
+        let n = match read {
             Ok(0) | Err(_) => {
                 let _ = to.shutdown().await;
                 return;

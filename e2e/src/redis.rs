@@ -32,6 +32,10 @@ impl RedisServer {
         self.child = Some(spawn(self.port, &self.settings).await);
     }
 
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }

@@ -25,7 +25,7 @@ mod moves;
 mod notify;
 pub(crate) mod placement;
 mod registry;
-mod replica;
+pub(crate) mod replica;
 mod row;
 pub mod transition;
 pub mod triggers;

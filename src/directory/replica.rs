@@ -4,7 +4,7 @@
 
 use pgrx::prelude::*;
 
-use crate::error::SdError;
+use crate::error::{spi, SdError};
 
 /// Refuses a write of `table` (one of the directory's) in a replica's session, saying whether it
 /// is a logical replication worker's (a subscription copying the directory). The row guards
@@ -21,4 +21,36 @@ pub fn refuse_replica_role(table: &'static str) {
         SdError::LogicalReplicaWrite { table }.raise()
     }
     SdError::ReplicaWrite { table }.raise()
+}
+
+/// The first publication (by name) that carries one of the directory's tables, with the table:
+/// named, by its schema, or among all tables of a database that holds a directory (its version
+/// above 0: a shard's unused directory tables may go with the rest of its tables).
+const PUBLISHED: &str = "\
+    SELECT t.pubname::text, t.tablename::text
+      FROM pg_catalog.pg_publication_tables t
+      JOIN pg_catalog.pg_publication p ON p.pubname = t.pubname
+     WHERE t.schemaname = 'shard_directory'
+       AND t.tablename IN ('shard_directory', 'shard_directory_version', 'shard_directory_history')
+       AND (NOT p.puballtables OR shard_directory.current_version() > 0)
+     ORDER BY 1, 2";
+
+/// Refuses a publication that would carry the directory's tables (called at CREATE and ALTER
+/// PUBLICATION by the event trigger `shard_directory_refuse_publication`): the DBA setting up a
+/// logical copy hears it there, not later in the subscriber's log.
+#[pg_extern(volatile)]
+fn check_publications() {
+    let published = spi(
+        "read the publications",
+        Spi::connect(|c| {
+            let rows = c.select(PUBLISHED, Some(1), &[])?;
+            if rows.is_empty() {
+                return Ok::<_, pgrx::spi::SpiError>(None);
+            }
+            rows.first().get_two::<String, String>().map(Some)
+        }),
+    );
+    if let Some((Some(publication), Some(table))) = published {
+        SdError::PublishedDirectory { publication, table }.raise()
+    }
 }

@@ -93,7 +93,7 @@ impl SdError {
             Self::VersionRegression { .. } => Some(
                 "Clients and shards rely on the version moving forward one step per change; changes to shard_directory bump it.".into(),
             ),
-            Self::LogicalReplicaWrite { .. } => Some(
+            Self::LogicalReplicaWrite { .. } | Self::PublishedDirectory { .. } => Some(
                 "Keep read copies of the directory as physical standbys (streaming replication), where \
                  every read function works; leave the directory's tables out of publications."
                     .into(),

@@ -95,6 +95,12 @@ pub enum SdError {
          directory would have no versions, history or notifications of its own"
     )]
     LogicalReplicaWrite { table: &'static str },
+    /// A publication that would carry one of the directory's tables to a logical copy.
+    #[error(
+        "publication {publication} cannot carry shard_directory.{table}: a logical copy of the \
+         directory would have no versions, history or notifications of its own"
+    )]
+    PublishedDirectory { publication: String, table: String },
     /// PREPARE TRANSACTION of a transaction that changed the directory: its versions are taken
     /// and notified at commit.
     #[error(

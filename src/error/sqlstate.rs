@@ -32,7 +32,8 @@ impl SdError {
             | Self::DatabaseEncoding { .. }
             | Self::PrepareRefused
             | Self::ReplicaWrite { .. }
-            | Self::LogicalReplicaWrite { .. } => ERRCODE_FEATURE_NOT_SUPPORTED,
+            | Self::LogicalReplicaWrite { .. }
+            | Self::PublishedDirectory { .. } => ERRCODE_FEATURE_NOT_SUPPORTED,
             Self::NonCanonicalId { .. } => ERRCODE_INVALID_PARAMETER_VALUE,
             Self::NotProtectedWithKey { .. } => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             Self::UnknownState { .. } | Self::RegionMismatch { .. } => ERRCODE_CHECK_VIOLATION,

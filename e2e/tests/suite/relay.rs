@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use redis::AsyncCommands;
 use shard_directory_client::{Directory, DirectoryConfig, RelayConfig, WATCHER_APPLICATION_NAME};
 use shard_directory_e2e::mover_cli;
+use shard_directory_e2e::proxy::Proxy;
 use shard_directory_e2e::redis::RedisServer;
 use shard_directory_e2e::topology::connected_directory;
 use shard_directory_e2e::{eventually, reaches, Topology};
@@ -123,6 +124,36 @@ async fn instances_follow_the_relay_without_connections_of_their_own_and_listen_
             "shard_2"
         );
     }
+}
+
+/// A subscription whose connection to Redis is stranded (it holds, nothing passes, neither end
+/// hears of it: a lost NAT entry or load balancer flow) is made again after twice the silence:
+/// the instance LISTENs while it hears nothing, then lets go once more and follows the relay.
+/// Without the subscription's own deadline it waits on the stranded connection for ever, and
+/// the fleet's LISTEN sessions come back for good.
+#[tokio::test]
+async fn a_stranded_subscription_is_made_again_and_the_instance_lets_go_of_its_listen() {
+    let t = Topology::start("relay-stranded").await;
+    t.add_tenants(2, "shard_1").await;
+    let redis = RedisServer::start().await;
+    let _process = relay(&t, &redis);
+    let proxy = Proxy::forwarding(redis.port()).await;
+    let through = format!("redis://127.0.0.1:{}/", proxy.port());
+    let d = relayed_from(&through, t.directory_config()).await;
+    watchers(&t, 0).await;
+
+    proxy.strand();
+    // Silent: the instance LISTENs itself, then subscribes again (a new connection passes).
+    watchers(&t, 1).await;
+    watchers(&t, 0).await;
+    let taken = d.stats().relay_messages;
+    let moved = t
+        .step("SELECT shard_directory.begin_move('tenant', '1', 'shard_2')")
+        .await;
+    reaches(&d, moved).await;
+    let e = d.lookup("tenant", "1").await.unwrap();
+    assert_eq!(e.target_shard.as_deref(), Some("shard_2"));
+    assert!(d.stats().relay_messages > taken, "{:?}", d.stats());
 }
 
 /// A message is taken only when sealed with the key, of the client's epoch and recent: a forged
