@@ -382,7 +382,7 @@ ALTER TABLE shard_directory_version ENABLE ALWAYS TRIGGER shard_directory_versio
 ALTER TABLE shard_directory_history ENABLE ALWAYS TRIGGER shard_directory_history_guard;
 
 CREATE FUNCTION "check_publications"() RETURNS void
-VOLATILE
+STRICT VOLATILE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'check_publications_wrapper';
 

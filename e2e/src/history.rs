@@ -389,40 +389,22 @@ pub async fn run(seed: u64, events: usize) -> Report {
             }
             // Behind an address that moves: the standby promoted once it has replayed every
             // change (one that lost changes is a restore, which the schedule makes otherwise),
-            // then rebuilt as the new primary's standby. A standby a restore left behind is
-            // rebuilt first, as a DBA does before counting on it.
+            // then rebuilt as the new primary's standby. A standby that cannot catch up (a
+            // restore left it on another history, or its WAL was recycled while it was down)
+            // is rebuilt first, as a DBA does before counting on it.
             Event::Failover => {
-                blocking(|| {
-                    if standby_behind {
-                        standby.follow(&t.directory);
-                    } else if !standby_up {
-                        standby.restart();
-                    }
-                });
+                if !standby_behind && !standby_up {
+                    blocking(|| standby.restart());
+                }
+                if standby_behind || !replays_the_primary(&t, &standby).await {
+                    blocking(|| standby.follow(&t.directory));
+                    assert!(
+                        replays_the_primary(&t, &standby).await,
+                        "the rebuilt standby does not replay the primary:\n{}",
+                        standby.server_log()
+                    );
+                }
                 (standby_up, standby_behind) = (true, false);
-                let at: String = t
-                    .dba()
-                    .await
-                    .query_one("SELECT pg_current_wal_lsn()::text", &[])
-                    .await
-                    .expect("the primary's position")
-                    .get(0);
-                let replica = standby.connect(DIRECTORY_DB).await;
-                replica
-                    .batch_execute("SELECT pg_wal_replay_resume()")
-                    .await
-                    .expect("resume replay");
-                crate::eventually("the standby to replay the primary", LAG * 4, || async {
-                    let row = replica
-                        .query_one(
-                            "SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn",
-                            &[&at],
-                        )
-                        .await
-                        .ok()?;
-                    row.get::<_, bool>(0).then_some(())
-                })
-                .await;
                 blocking(|| {
                     t.directory.crash();
                     standby.promote();
@@ -651,6 +633,35 @@ async fn judge(t: &Topology, placements: &Placements, acked: &[Acked], report: &
             ));
         }
     }
+}
+
+/// Whether `standby`, its replay resumed, replays what the primary has written so far within
+/// twice the lag.
+async fn replays_the_primary(t: &Topology, standby: &crate::Cluster) -> bool {
+    let at: String = t
+        .dba()
+        .await
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .expect("the primary's position")
+        .get(0);
+    let replica = standby.connect(DIRECTORY_DB).await;
+    replica
+        .batch_execute("SELECT pg_wal_replay_resume()")
+        .await
+        .expect("resume replay");
+    crate::within(LAG * 2, || async {
+        let row = replica
+            .query_one(
+                "SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn",
+                &[&at],
+            )
+            .await
+            .ok()?;
+        row.get::<_, bool>(0).then_some(())
+    })
+    .await
+    .is_some()
 }
 
 /// Each item `sql` reads from every shard, with the shards it is on.
