@@ -1,9 +1,11 @@
 //! The shard's check under what SQL can say, as an application role meets it: an INSERT that a
 //! rule runs (its own temp table's, or a DBA's audit rule), partitions made inside `CREATE
-//! SCHEMA` or by a session replaying as a replica, and children made with `INHERITS`. Every write below of a moved or frozen tenant's row is refused, and
+//! SCHEMA` or by a session replaying as a replica, children made with `INHERITS`, and who may
+//! read the check's counts. Every write below of a moved or frozen tenant's row is refused, and
 //! the server never restarts.
 
 use shard_directory_e2e::Cluster;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Error};
 
 use crate::shard::retryable;
@@ -265,4 +267,52 @@ async fn the_children_of_a_protected_table_are_checked_as_the_table_is() {
         .await,
         1
     );
+}
+
+/// `stats()` and `entity_stats()` name the busiest tenants and their rates: the application
+/// role is refused them (42501), a monitoring role (a member of `pg_monitor`, with USAGE on the
+/// schema) reads them, as docs/operations.md grants it.
+#[tokio::test]
+async fn the_checks_counts_are_for_monitoring_roles_only() {
+    let cluster = Cluster::start("shard-stats-privileges", PRELOAD);
+    let (dba, app) = shard_with_app(
+        &cluster,
+        "CREATE TABLE orders (tenant_id text NOT NULL, item text NOT NULL);
+         SELECT shard_directory.protect('orders', 'tenant_id', 'tenant');
+         CREATE ROLE watcher LOGIN IN ROLE pg_monitor;
+         GRANT USAGE ON SCHEMA shard_directory TO watcher",
+    )
+    .await;
+    app.batch_execute("INSERT INTO orders VALUES ('7', 'book')")
+        .await
+        .unwrap();
+    for sql in [
+        "SELECT * FROM shard_directory.stats()",
+        "SELECT * FROM shard_directory.entity_stats()",
+    ] {
+        let e = app.batch_execute(sql).await.unwrap_err();
+        assert_eq!(
+            e.code(),
+            Some(&SqlState::INSUFFICIENT_PRIVILEGE),
+            "{sql}: {e:?}"
+        );
+    }
+    let watcher = cluster.connect_as("shard", "watcher").await;
+    assert_eq!(
+        count(
+            &watcher,
+            "SELECT count FROM shard_directory.stats() WHERE reason = 'checks'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        count(
+            &watcher,
+            "SELECT transactions FROM shard_directory.entity_stats()"
+        )
+        .await,
+        1
+    );
+    drop(dba);
 }
