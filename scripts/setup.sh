@@ -5,7 +5,8 @@
 # pooler), pkg-config, libssl-dev and openssl (the client's feature native-tls and its test
 # certificates), fonts-dejavu-core (the benchmarks' SVG charts), valgrind (the benchmarks' instruction
 # counts), curl (the demo reads each instance's
-# /debug/directory as the guide does), dpkg-dev (dpkg-shlibdeps, for scripts/package.sh),
+# /debug/directory as the guide does), dpkg-dev (dpkg-shlibdeps, for scripts/package.sh), sqlsmith
+# (the random SQL generator that fuzzes the shard's check, e2e/tests/suite/shard_fuzz.rs),
 # cargo-pgrx 0.18.1, and points pgrx
 # at the system PostgreSQL 15 and at PostgreSQL 16, 17 and 18 unpacked under .pg/<major>.
 set -euo pipefail
@@ -14,7 +15,7 @@ cd "$(dirname "$0")/.."
 PGRX_VERSION=0.18.1
 PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 PACKAGES=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo redis-server pgbouncer
-  pkg-config libssl-dev openssl fonts-dejavu-core valgrind curl python3-pip dpkg-dev)
+  pkg-config libssl-dev openssl fonts-dejavu-core valgrind curl python3-pip dpkg-dev sqlsmith)
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 

@@ -29,5 +29,9 @@ REVOKE EXECUTE ON FUNCTION
     release_expired_freeze(text, text),
     bypass_fence(text, text),
     advance_sequence(regclass, bigint),
-    changes_since(bigint, integer)
+    changes_since(bigint, integer),
+    stats(),
+    entity_stats(integer)
 FROM PUBLIC;
+-- The check's counts name the busiest entities and their rates: for monitoring roles.
+GRANT EXECUTE ON FUNCTION stats(), entity_stats(integer) TO pg_monitor;

@@ -44,11 +44,13 @@ CREATE TRIGGER shard_fences_no_truncate
 SELECT pg_catalog.pg_extension_config_dump('shard_settings', '');
 SELECT pg_catalog.pg_extension_config_dump('shard_fences', '');
 
--- Partitions created or attached after protect(parent) get its triggers too: the statement
--- trigger, so a TRUNCATE made straight to one is checked, and (on those that hold rows) the row
--- trigger, with the key the parent's statement trigger carries (none: protect(parent) without a
--- key, for the shard-wide rule). SECURITY DEFINER: the trigger functions are not PUBLIC, and the
--- role adding a partition needs no grant.
+-- Partitions and inheritance children created or attached after protect(parent) get its
+-- triggers too: the statement trigger, so a TRUNCATE made straight to one is checked, and (on
+-- those that hold rows) the row trigger, with the key the parent's statement trigger carries
+-- (none: protect(parent) without a key, for the shard-wide rule). However the table is made:
+-- also inside CREATE SCHEMA (whose commands fire it as CREATE SCHEMA) and in a session with
+-- session_replication_role = replica (a restore, a logical apply: ENABLE ALWAYS). SECURITY
+-- DEFINER: the trigger functions are not PUBLIC, and the role adding a partition needs no grant.
 CREATE FUNCTION protect_new_partitions() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -58,11 +60,15 @@ DECLARE
     args text;
 BEGIN
     FOR part IN
+        WITH RECURSIVE tree (root, relid) AS (
+            SELECT t.tgrelid, t.tgrelid FROM pg_trigger t
+             WHERE t.tgfoid = 'shard_directory.shard_directory_protect_statement()'::regprocedure
+            UNION
+            SELECT tree.root, i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.relid
+        )
         SELECT DISTINCT tree.relid::regclass
-          FROM pg_trigger t
-         CROSS JOIN LATERAL pg_partition_tree(t.tgrelid) tree
-         WHERE t.tgfoid = 'shard_directory.shard_directory_protect_statement()'::regprocedure
-           AND tree.relid <> t.tgrelid
+          FROM tree
+         WHERE tree.relid <> tree.root
            AND NOT EXISTS (SELECT 1 FROM pg_trigger x
                             WHERE x.tgrelid = tree.relid AND x.tgname = 'shard_directory_protect')
     LOOP
@@ -71,14 +77,18 @@ BEGIN
                        'EXECUTE FUNCTION shard_directory.shard_directory_protect_statement()', part);
     END LOOP;
     FOR part, args IN
+        WITH RECURSIVE tree (root, relid) AS (
+            SELECT t.tgrelid, t.tgrelid FROM pg_trigger t
+             WHERE t.tgfoid = 'shard_directory.shard_directory_protect_statement()'::regprocedure
+            UNION
+            SELECT tree.root, i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.relid
+        )
         SELECT tree.relid::regclass,
                coalesce(max(format('%L, %L', p.key_column, p.entity_type))
                             FILTER (WHERE p.tbl IS NOT NULL), '')
-          FROM pg_trigger t
-         CROSS JOIN LATERAL pg_partition_tree(t.tgrelid) tree
-          LEFT JOIN shard_directory.protected_tables() p ON p.tbl = t.tgrelid
-         WHERE t.tgfoid = 'shard_directory.shard_directory_protect_statement()'::regprocedure
-           AND tree.relid <> t.tgrelid
+          FROM tree
+          LEFT JOIN shard_directory.protected_tables() p ON p.tbl = tree.root
+         WHERE tree.relid <> tree.root
            AND (SELECT c.relkind FROM pg_class c WHERE c.oid = tree.relid) = 'r'
            AND NOT EXISTS (SELECT 1 FROM pg_trigger x
                             WHERE x.tgrelid = tree.relid AND x.tgname = 'shard_directory_protect_row')
@@ -93,8 +103,9 @@ $$;
 REVOKE EXECUTE ON FUNCTION protect_new_partitions() FROM PUBLIC;
 
 CREATE EVENT TRIGGER shard_directory_protect_partitions ON ddl_command_end
-    WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE')
+    WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE', 'CREATE SCHEMA')
     EXECUTE FUNCTION protect_new_partitions();
+ALTER EVENT TRIGGER shard_directory_protect_partitions ENABLE ALWAYS;
 
 -- The tables an entity type's rows live in: those protected with
 -- protect(tbl, key_column, entity_type). The mover moves exactly these.

@@ -140,6 +140,42 @@ pub fn relation_name(relid: pg_sys::Oid) -> String {
     }
 }
 
+/// The `len` items PostgreSQL keeps at `ptr`: empty when there are none, whatever the pointer
+/// (PostgreSQL leaves it NULL then: a table without indexes, a descriptor without triggers), so
+/// that no slice is ever made from NULL. Every array taken from PostgreSQL is read through this.
+///
+/// # Safety
+/// When `len` is positive and `ptr` is not NULL, `ptr` points to `len` initialized items that
+/// outlive `'a`.
+pub unsafe fn slice<'a, T>(ptr: *const T, len: impl TryInto<usize>) -> &'a [T] {
+    match len.try_into() {
+        Ok(len) if len > 0 && !ptr.is_null() => unsafe { std::slice::from_raw_parts(ptr, len) },
+        _ => &[],
+    }
+}
+
+/// [`slice`], to change the items in place.
+///
+/// # Safety
+/// As [`slice`], and nothing else reads or writes the items while the slice lives.
+pub unsafe fn slice_mut<'a, T>(ptr: *mut T, len: impl TryInto<usize>) -> &'a mut [T] {
+    match len.try_into() {
+        Ok(len) if len > 0 && !ptr.is_null() => unsafe { std::slice::from_raw_parts_mut(ptr, len) },
+        _ => &mut [],
+    }
+}
+
+/// The cells of a PostgreSQL `List`; none for `NIL` (NULL).
+///
+/// # Safety
+/// `list` is NULL or a valid list that outlives `'a`.
+pub unsafe fn list_cells<'a>(list: *const pg_sys::List) -> &'a [pg_sys::ListCell] {
+    if list.is_null() {
+        return &[];
+    }
+    unsafe { slice((*list).elements, (*list).length) }
+}
+
 /// The columns `desc` describes, dropped ones included (18 keeps them after its compact form of
 /// each, where its `TupleDescAttr` finds them).
 ///
@@ -151,7 +187,7 @@ pub unsafe fn attributes<'a>(desc: pg_sys::TupleDesc) -> &'a [pg_sys::FormData_p
         #[cfg(not(feature = "pg18"))]
         let attrs = (*desc).attrs.as_slice(natts);
         #[cfg(feature = "pg18")]
-        let attrs = std::slice::from_raw_parts(
+        let attrs = slice(
             (*desc).compact_attrs.as_ptr().add(natts) as *const pg_sys::FormData_pg_attribute,
             natts,
         );

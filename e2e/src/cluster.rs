@@ -544,6 +544,26 @@ impl Cluster {
         client
     }
 
+    /// A connection as `role` (one with LOGIN), whose driver task runs on the current tokio
+    /// runtime.
+    pub async fn connect_as(&self, db: &str, role: &str) -> Client {
+        let mut config = self.config(db);
+        config.user(role);
+        let (client, connection) = config.connect(NoTls).await.expect("connect");
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        client
+    }
+
+    /// How many server processes died of a signal so far (the server log's "terminated by
+    /// signal"): each one made the postmaster end every backend and recover.
+    pub fn crashes(&self) -> usize {
+        self.server_log()
+            .matches("was terminated by signal")
+            .count()
+    }
+
     /// A connection that forwards the notifications it receives.
     pub async fn connect_listening(&self, db: &str) -> Listener {
         let (client, mut connection) = self.config(db).connect(NoTls).await.expect("connect");

@@ -11,6 +11,8 @@
 //!   `observe`: observers that act on a move at a phase;
 //! - `proxy`, `pgbouncer`, `redis`: what stands between a client and a cluster, or beside it;
 //!   `prometheus`: a sample of the exporter's text;
+//! - `fuzz`: SQLsmith against a shard of every protected table's shape, as the application role,
+//!   with its two oracles (no crash, no fenced row written);
 //! - `sweep`: the failpoint sweep: every step of a move faulted every way, the invariants checked;
 //!   `history`: the randomized history: routers of every kind writing while the directory is
 //!   restarted, restored and promoted, every acknowledged write held against what it named;
@@ -22,6 +24,7 @@
 
 mod cluster;
 mod column;
+pub mod fuzz;
 pub mod history;
 pub mod mover_cli;
 pub mod observe;

@@ -145,7 +145,7 @@ impl Table {
             if constr.is_null() || (*constr).num_check == 0 {
                 return false;
             }
-            std::slice::from_raw_parts((*constr).check, (*constr).num_check as usize)
+            catalog::slice((*constr).check, (*constr).num_check)
                 .iter()
                 .any(|c| !OWN_CHECKS.contains(&CStr::from_ptr(c.ccname)))
         }
@@ -248,10 +248,8 @@ impl Indexes {
         // SAFETY: the index infos live in the state, which lives until `CatalogCloseIndexes`.
         unsafe {
             let state = Indexes(pg_sys::CatalogOpenIndexes(table.0));
-            let infos = std::slice::from_raw_parts(
-                (*state.0).ri_IndexRelationInfo,
-                (*state.0).ri_NumIndices.max(0) as usize,
-            );
+            // A table without indexes has no list of them (NULL), not an empty one.
+            let infos = catalog::slice((*state.0).ri_IndexRelationInfo, (*state.0).ri_NumIndices);
             if infos
                 .iter()
                 .any(|&i| !(*i).ii_Expressions.is_null() || !(*i).ii_Predicate.is_null())

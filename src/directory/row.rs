@@ -66,7 +66,7 @@ impl Entry {
                 // SAFETY: a text column's non-NULL datum, detoasted while the tuple lives.
                 let bytes = unsafe {
                     let value = pg_sys::pg_detoast_datum_packed(values[column].cast_mut_ptr());
-                    std::slice::from_raw_parts(
+                    crate::catalog::slice(
                         varlena::vardata_any(value).cast::<u8>(),
                         varlena::varsize_any_exhdr(value),
                     )

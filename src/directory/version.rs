@@ -123,7 +123,7 @@ fn require_triggers(relation: pg_sys::Relation) {
         if desc.is_null() {
             &[][..]
         } else {
-            std::slice::from_raw_parts((*desc).triggers, (*desc).numtriggers as usize)
+            crate::catalog::slice((*desc).triggers, (*desc).numtriggers)
         }
     };
     for needed in NEEDED {

@@ -152,7 +152,7 @@ pub(super) fn key_form(relation: pg_sys::Relation, attno: i32) -> key::Form {
 /// `trigger` is a valid trigger of an open relation.
 pub(super) unsafe fn key_arguments(trigger: &pg_sys::Trigger) -> Option<(&CStr, &CStr)> {
     (trigger.tgnargs == 2 && !trigger.tgargs.is_null()).then(|| unsafe {
-        let args = std::slice::from_raw_parts(trigger.tgargs, 2);
+        let args = catalog::slice(trigger.tgargs, 2);
         (CStr::from_ptr(args[0]), CStr::from_ptr(args[1]))
     })
 }
@@ -198,11 +198,14 @@ fn row_protection(relation: pg_sys::Relation) -> Option<(String, String)> {
         if desc.is_null() {
             return None;
         }
-        let triggers = std::slice::from_raw_parts((*desc).triggers, (*desc).numtriggers as usize);
+        let triggers = catalog::slice((*desc).triggers, (*desc).numtriggers);
         triggers.iter().find_map(|t| {
             let name = CStr::from_ptr(t.tgname);
-            ((name == ROW_TRIGGER || name == STATEMENT_TRIGGER) && t.tgnargs == 2).then(|| {
-                let args = std::slice::from_raw_parts(t.tgargs, 2);
+            ((name == ROW_TRIGGER || name == STATEMENT_TRIGGER)
+                && t.tgnargs == 2
+                && !t.tgargs.is_null())
+            .then(|| {
+                let args = catalog::slice(t.tgargs, 2);
                 let arg = |i: usize| CStr::from_ptr(args[i]).to_string_lossy().into_owned();
                 (arg(0), arg(1))
             })

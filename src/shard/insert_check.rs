@@ -117,19 +117,38 @@ unsafe extern "C-unwind" fn executor_start(query: *mut pg_sys::QueryDesc, eflags
             Some(previous) => previous(query, eflags),
             None => pg_sys::standard_ExecutorStart(query, eflags),
         }
-        if eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as i32 != 0 {
+        if eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as i32 != 0 || (*query).estate.is_null() {
             return;
         }
-        if (*query).operation == pg_sys::CmdType::CMD_INSERT {
-            take_over((*query).planstate);
+        for node in modify_nodes(query) {
+            take_over(node);
         }
-        // An INSERT inside WITH is a plan node of its own, which the executor lists apart.
-        let inner = (*(*query).estate).es_auxmodifytables;
-        if !inner.is_null() {
-            for cell in std::slice::from_raw_parts((*inner).elements, (*inner).length as usize) {
-                take_over(cell.ptr_value.cast());
+    }
+}
+
+/// The query's plan nodes that may INSERT, each once: the query's own when it is an INSERT, and
+/// those the executor lists apart, an INSERT inside WITH and the INSERT of a rule's action. A
+/// rule's INSERT does not set the command's tag, so the executor lists its node in both places:
+/// wrapped twice, its rows' function called itself until the stack overflowed.
+///
+/// # Safety
+/// `query` has been started by the executor.
+unsafe fn modify_nodes(query: *mut pg_sys::QueryDesc) -> Vec<*mut pg_sys::PlanState> {
+    unsafe {
+        let mut nodes = Vec::new();
+        if (*query).operation == pg_sys::CmdType::CMD_INSERT {
+            nodes.push((*query).planstate);
+        }
+        for cell in catalog::list_cells((*(*query).estate).es_auxmodifytables) {
+            nodes.push(cell.ptr_value.cast());
+        }
+        let mut once = Vec::with_capacity(nodes.len());
+        for node in nodes {
+            if !node.is_null() && !once.contains(&node) {
+                once.push(node);
             }
         }
+        once
     }
 }
 
@@ -194,7 +213,7 @@ unsafe fn protection_of(relation: pg_sys::Relation) -> Option<Protection> {
         if desc.is_null() || (*desc).trig_insert_before_row && !partitioned {
             return None;
         }
-        let triggers = std::slice::from_raw_parts((*desc).triggers, (*desc).numtriggers as usize);
+        let triggers = catalog::slice((*desc).triggers, (*desc).numtriggers);
         let statement = ours(
             triggers,
             STATEMENT_TRIGGER,
@@ -290,7 +309,7 @@ unsafe fn take_over(planstate: *mut pg_sys::PlanState) {
         };
         // This query's copy of the triggers: whether ours fire here, and where to take INSERT out.
         let desc = &mut *(*info).ri_TrigDesc;
-        let triggers = std::slice::from_raw_parts_mut(desc.triggers, desc.numtriggers as usize);
+        let triggers = catalog::slice_mut(desc.triggers, desc.numtriggers);
         let find = |oid: pg_sys::Oid| triggers.iter().position(|t| t.tgoid == oid && fires(t));
         let Some(statement) = find(protection.statement) else {
             return;
@@ -337,12 +356,10 @@ unsafe fn output_column(node: *mut pg_sys::PlanState, attno: i32) -> Option<i32>
         if node.is_null() {
             return None;
         }
-        let list = (*(*node).plan).targetlist;
-        if list.is_null() {
+        if (*node).plan.is_null() {
             return None;
         }
-        let entries = std::slice::from_raw_parts((*list).elements, (*list).length as usize);
-        let column = entries
+        let column = catalog::list_cells((*(*node).plan).targetlist)
             .iter()
             .map(|e| e.ptr_value as *const pg_sys::TargetEntry)
             .filter(|t| !(**t).resjunk)
@@ -359,9 +376,17 @@ unsafe fn watch_rows(
     version: Option<i64>,
 ) {
     unsafe {
+        // Each node is wrapped once (`modify_nodes`); should it come again, the wrapper would
+        // wrap itself.
+        if WATCHED.with_borrow(|w| w.iter().any(|w| w.node == node)) {
+            return;
+        }
         // ExecProcNodeFirst replaces `ExecProcNode` on the first call; `ExecProcNodeReal` is what
         // it, and the instrumented variant, call.
         let real = (*node).ExecProcNodeReal;
+        if real.is_none_or(is_checked_row) {
+            return;
+        }
         WATCHED.with_borrow_mut(|w| {
             w.push(Watched {
                 node,
@@ -440,7 +465,7 @@ unsafe fn read_key<'b>(
                 buffer
             }
             KeyText::Uuid => {
-                let bytes = std::slice::from_raw_parts(datum.cast_mut_ptr::<u8>(), 16);
+                let bytes = catalog::slice(datum.cast_mut_ptr::<u8>(), 16);
                 for (i, b) in bytes.iter().enumerate() {
                     if matches!(i, 4 | 6 | 8 | 10) {
                         buffer.push(b'-');
@@ -464,11 +489,21 @@ thread_local! {
     static KEY_BUFFER: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
+type NodeFunction =
+    unsafe extern "C-unwind" fn(*mut pg_sys::PlanState) -> *mut pg_sys::TupleTableSlot;
+
+fn is_checked_row(f: NodeFunction) -> bool {
+    std::ptr::fn_addr_eq(f, checked_row as NodeFunction)
+}
+
 /// The watched node's next row, its key checked against its entity's fence first.
 #[pg_guard]
 unsafe extern "C-unwind" fn checked_row(
     node: *mut pg_sys::PlanState,
 ) -> *mut pg_sys::TupleTableSlot {
+    // A plan nests INSERTs only as deep as the stack lets PostgreSQL's own recursion go: an
+    // error past that, never an overflow.
+    unsafe { pg_sys::check_stack_depth() };
     // Copied out, so no borrow is held while the check runs (it may query, and raise).
     let watched = WATCHED.with_borrow(|w| {
         w.iter()
@@ -476,9 +511,12 @@ unsafe extern "C-unwind" fn checked_row(
             .find(|w| w.node == node)
             .map(|w| (w.real, w.column, w.protection.clone(), w.version))
     });
-    // Only nodes this module watches run this function, and only while they are watched.
+    // Only nodes this module watches run this function, and only while they are watched; the
+    // function it wraps is never itself (`watch_rows`).
     let (real, column, protection, version) = watched.expect("a watched INSERT plan node");
-    let real = real.expect("the watched node's own function");
+    let real = real
+        .filter(|real| !is_checked_row(*real))
+        .expect("the watched node's own function");
     let key = &protection
         .row
         .as_ref()

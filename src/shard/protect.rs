@@ -4,8 +4,9 @@
 //! The trigger functions are not executable by PUBLIC, so `protect` creates the triggers as the
 //! owner of the extension's tables, after checking that the caller holds TRIGGER on the table
 //! (what `CREATE TRIGGER` itself asks). The statement trigger (which also refuses TRUNCATE) is
-//! installed on the table and each partition, the row trigger on each table that holds rows;
-//! partitions made or attached later get both from an event trigger. A key column's type must be
+//! installed on the table and each partition or inheritance child, the row trigger on each table
+//! that holds rows; partitions and children made or attached later get both from an event
+//! trigger, however they are made (inside `CREATE SCHEMA`, in a session replaying as a replica). A key column's type must be
 //! one that can key an entity (`key`).
 
 use pgrx::prelude::*;
@@ -17,9 +18,15 @@ use super::key;
 use crate::error::{required, spi, SdError};
 use crate::{catalog, privilege};
 
-/// The table and its partitions, parents first.
-const TREE: &str = "SELECT coalesce(array_agg(relid ORDER BY level), ARRAY[$1::regclass]) \
-                    FROM pg_catalog.pg_partition_tree($1)";
+/// The table and every table under it, parents first: its partitions and its inheritance
+/// children (`pg_inherits` lists both), at any depth. An `UPDATE` or `DELETE` of the table
+/// reaches their rows, and only their own row triggers see them.
+const TREE: &str = "WITH RECURSIVE tree (relid, level) AS ( \
+                        SELECT $1::regclass::oid, 0 \
+                        UNION SELECT i.inhrelid, tree.level + 1 \
+                        FROM pg_catalog.pg_inherits i JOIN tree ON i.inhparent = tree.relid) \
+                    SELECT array_agg(relid::regclass ORDER BY level) \
+                    FROM (SELECT relid, min(level) AS level FROM tree GROUP BY relid) t";
 
 fn run_generated(generator: &str, args: &[pgrx::datum::DatumWithOid]) {
     spi(
@@ -61,7 +68,7 @@ fn as_protector(table: &PgRelation, f: impl FnOnce(pg_sys::Oid)) {
     cached::protection_changed();
 }
 
-/// Drops the triggers `protect` made on the table and its partitions (not the clones, which go
+/// Drops the triggers `protect` made on the table and the tables under it (not clones, which go
 /// with their parent's), so `protect` twice and `unprotect` say nothing.
 fn drop_triggers(oid: pg_sys::Oid) {
     run_generated(
@@ -99,7 +106,7 @@ fn install(oid: pg_sys::Oid, rows: Option<(&str, &str)>) {
     let args: Vec<&str> = rows.map_or_else(Vec::new, |(key_column, entity_type)| {
         vec![key_column, entity_type]
     });
-    // On the table and each partition; the table's carries the key, where `protected_tables()`
+    // On the table and each table under it; the table's carries the key, where `protected_tables()`
     // and the event trigger that protects new partitions read it.
     run_generated(
         &format!(
@@ -162,7 +169,7 @@ fn protect_rows(tbl: PgRelation, key_column: Option<&str>, entity_type: Option<&
     as_protector(&tbl, |oid| install(oid, Some((key_column, entity_type))));
 }
 
-/// Removes what `protect` installed on `tbl` and its partitions.
+/// Removes what `protect` installed on `tbl`, its partitions and its inheritance children.
 #[pg_extern(volatile)]
 fn unprotect(tbl: PgRelation) {
     as_protector(&tbl, drop_triggers);

@@ -706,6 +706,26 @@ async fn the_version_table_stays_one_page_under_a_thousand_changes() {
     }
 }
 
+/// The owner dropped the version table's primary key: the extension's own
+/// writes keep no index then, and must not read the missing list of indexes as one (undefined
+/// behaviour; a debug build aborted the server at COMMIT).
+#[tokio::test]
+async fn the_directory_is_written_without_crashing_after_its_tables_lost_their_indexes() {
+    for settings in EITHER {
+        let (cluster, c) = directory_with(settings).await;
+        let before = version(&c).await;
+        c.batch_execute(
+            "ALTER TABLE shard_directory.shard_directory_version \
+                 DROP CONSTRAINT shard_directory_version_pkey;
+             UPDATE shard_directory.shard_directory SET region = 'eu' WHERE entity_id = '7'",
+        )
+        .await
+        .unwrap();
+        assert_eq!(version(&c).await, before + 1);
+        assert_eq!(cluster.crashes(), 0, "{}", cluster.server_log());
+    }
+}
+
 /// A DBA's trigger that refuses any change of entry `7` after the extension's AFTER ROW trigger
 /// has bumped the version for it (triggers fire in name order): the failed statement took a
 /// version, its lock and a notification, all rolled back with it.

@@ -32,6 +32,8 @@ mod regress;
 mod relay;
 mod replicas;
 mod shard;
+mod shard_fuzz;
+mod shard_sql;
 mod shared_cache;
 mod sweep;
 mod upgrade;

@@ -56,7 +56,7 @@ async fn write(c: &Client, version: i64, tenant: &str, item: &str) -> Result<(),
     }
 }
 
-fn retryable(e: &Error) -> (String, Value) {
+pub(crate) fn retryable(e: &Error) -> (String, Value) {
     let db = e.as_db_error().expect("a database error");
     assert_eq!(
         db.code(),
