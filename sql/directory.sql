@@ -241,15 +241,35 @@ ALTER TABLE shard_directory_history ENABLE ALWAYS TRIGGER shard_directory_histor
 
 -- A publication that would carry the directory's tables to a logical copy is refused where the
 -- DBA makes it (check_publications(), src/directory/replica.rs; docs/directory.md, "Read
--- copies"), in every session_replication_role.
+-- copies"), in every session_replication_role: the publications the command made or changed,
+-- checked with the owner's rights (any role with CREATE on the database may publish its own
+-- tables). Those made before the extension are checked as it is made.
 CREATE FUNCTION refuse_directory_publication() RETURNS event_trigger
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$ BEGIN PERFORM shard_directory.check_publications(); END $$;
+AS $$
+BEGIN
+    PERFORM shard_directory.check_publications(ARRAY(
+        SELECT CASE c.classid
+                   WHEN 'pg_publication'::regclass THEN c.objid
+                   WHEN 'pg_publication_rel'::regclass THEN r.prpubid
+                   ELSE n.pnpubid
+               END
+          FROM pg_event_trigger_ddl_commands() c
+          LEFT JOIN pg_publication_rel r
+                 ON c.classid = 'pg_publication_rel'::regclass AND r.oid = c.objid
+          LEFT JOIN pg_publication_namespace n
+                 ON c.classid = 'pg_publication_namespace'::regclass AND n.oid = c.objid
+         WHERE c.classid IN ('pg_publication'::regclass, 'pg_publication_rel'::regclass,
+                             'pg_publication_namespace'::regclass)));
+END
+$$;
+REVOKE EXECUTE ON FUNCTION refuse_directory_publication() FROM PUBLIC;
 CREATE EVENT TRIGGER shard_directory_refuse_publication ON ddl_command_end
     WHEN TAG IN ('CREATE PUBLICATION', 'ALTER PUBLICATION')
     EXECUTE FUNCTION refuse_directory_publication();
 ALTER EVENT TRIGGER shard_directory_refuse_publication ENABLE ALWAYS;
+SELECT check_publications();
 
 CREATE TRIGGER shard_directory_history_no_truncate
     BEFORE TRUNCATE ON shard_directory_history

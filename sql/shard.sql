@@ -59,6 +59,9 @@ DECLARE
     part regclass;
     args text;
 BEGIN
+    -- A table under tables protected with different keys is refused (one row trigger checks
+    -- its rows for one entity type).
+    PERFORM shard_directory.check_inherited_keys();
     FOR part IN
         WITH RECURSIVE tree (root, relid) AS (
             SELECT t.tgrelid, t.tgrelid FROM pg_trigger t

@@ -214,6 +214,11 @@ SELECT pg_catalog.pg_extension_config_dump('shard_fences', '');
 -- also inside CREATE SCHEMA (whose commands fire it as CREATE SCHEMA) and in a session with
 -- session_replication_role = replica (a restore, a logical apply: ENABLE ALWAYS). SECURITY
 -- DEFINER: the trigger functions are not PUBLIC, and the role adding a partition needs no grant.
+CREATE FUNCTION "check_inherited_keys"() RETURNS void
+STRICT VOLATILE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'check_inherited_keys_wrapper';
+
 CREATE FUNCTION protect_new_partitions() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -222,6 +227,9 @@ DECLARE
     part regclass;
     args text;
 BEGIN
+    -- A table under tables protected with different keys is refused (one row trigger checks
+    -- its rows for one entity type).
+    PERFORM shard_directory.check_inherited_keys();
     FOR part IN
         WITH RECURSIVE tree (root, relid) AS (
             SELECT t.tgrelid, t.tgrelid FROM pg_trigger t
@@ -396,22 +404,44 @@ ALTER TABLE shard_directory ENABLE ALWAYS TRIGGER shard_directory_guard;
 ALTER TABLE shard_directory_version ENABLE ALWAYS TRIGGER shard_directory_version_guard;
 ALTER TABLE shard_directory_history ENABLE ALWAYS TRIGGER shard_directory_history_guard;
 
-CREATE FUNCTION "check_publications"() RETURNS void
-STRICT VOLATILE
+CREATE FUNCTION "check_publications"(
+	"publications" oid[] DEFAULT NULL
+) RETURNS void
+VOLATILE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'check_publications_wrapper';
 
 -- A publication that would carry the directory's tables to a logical copy is refused where the
 -- DBA makes it (check_publications(), src/directory/replica.rs; docs/directory.md, "Read
--- copies"), in every session_replication_role.
+-- copies"), in every session_replication_role: the publications the command made or changed,
+-- checked with the owner's rights (any role with CREATE on the database may publish its own
+-- tables). Those made before the extension are checked as it is made.
 CREATE FUNCTION refuse_directory_publication() RETURNS event_trigger
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$ BEGIN PERFORM shard_directory.check_publications(); END $$;
+AS $$
+BEGIN
+    PERFORM shard_directory.check_publications(ARRAY(
+        SELECT CASE c.classid
+                   WHEN 'pg_publication'::regclass THEN c.objid
+                   WHEN 'pg_publication_rel'::regclass THEN r.prpubid
+                   ELSE n.pnpubid
+               END
+          FROM pg_event_trigger_ddl_commands() c
+          LEFT JOIN pg_publication_rel r
+                 ON c.classid = 'pg_publication_rel'::regclass AND r.oid = c.objid
+          LEFT JOIN pg_publication_namespace n
+                 ON c.classid = 'pg_publication_namespace'::regclass AND n.oid = c.objid
+         WHERE c.classid IN ('pg_publication'::regclass, 'pg_publication_rel'::regclass,
+                             'pg_publication_namespace'::regclass)));
+END
+$$;
+REVOKE EXECUTE ON FUNCTION refuse_directory_publication() FROM PUBLIC;
 CREATE EVENT TRIGGER shard_directory_refuse_publication ON ddl_command_end
     WHEN TAG IN ('CREATE PUBLICATION', 'ALTER PUBLICATION')
     EXECUTE FUNCTION refuse_directory_publication();
 ALTER EVENT TRIGGER shard_directory_refuse_publication ENABLE ALWAYS;
+SELECT check_publications();
 
 -- Each table 0.1.0 protected with a key, protected again as 0.2.0 protects: the key on its
 -- statement trigger (where protected_tables() reads it), the row trigger AFTER each row (keys

@@ -67,6 +67,7 @@ pgrx::extension_sql_file!(
         directory::triggers::shards_guard,
         directory::triggers::shard_moves_notify,
         directory::replica::check_publications,
+        directory::moves::current_version,
     ]
 );
 

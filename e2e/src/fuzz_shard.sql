@@ -41,7 +41,10 @@ SELECT shard_directory.protect('order_lines', 'tenant_id', 'tenant');
 -- Partitioned by range (a bigint key) and by list (a text key), each with a default partition.
 CREATE TABLE events (tenant_id bigint NOT NULL, at int, payload text) PARTITION BY RANGE (tenant_id);
 CREATE TABLE events_low PARTITION OF events FOR VALUES FROM (MINVALUE) TO (10);
-CREATE TABLE events_mid PARTITION OF events FOR VALUES FROM (10) TO (50);
+CREATE TABLE events_mid PARTITION OF events FOR VALUES FROM (10) TO (50)
+    PARTITION BY LIST (at);
+CREATE TABLE events_mid_even PARTITION OF events_mid FOR VALUES IN (0, 2, 4, 6, 8);
+CREATE TABLE events_mid_rest PARTITION OF events_mid DEFAULT;
 SELECT shard_directory.protect('events', 'tenant_id', 'tenant');
 CREATE TABLE events_rest PARTITION OF events DEFAULT;
 CREATE TABLE notes (org text NOT NULL, body text, n int) PARTITION BY LIST (org);
@@ -50,11 +53,12 @@ SELECT shard_directory.protect('notes', 'org', 'org');
 CREATE TABLE notes_other PARTITION OF notes FOR VALUES IN ('initech', 'hooli');
 CREATE TABLE notes_rest PARTITION OF notes DEFAULT;
 
--- Inheritance: a child from before protect() and one from after.
+-- Inheritance: a child from before protect(), one from after, and a grandchild.
 CREATE TABLE measurements (tenant_id int NOT NULL, v int, label text);
 CREATE TABLE measurements_old () INHERITS (measurements);
 SELECT shard_directory.protect('measurements', 'tenant_id', 'tenant');
 CREATE TABLE measurements_new (extra text) INHERITS (measurements);
+CREATE TABLE measurements_new_eu (region text) INHERITS (measurements_new);
 
 -- A generated key, and a key whose default is a fenced entity.
 CREATE TABLE readings (
@@ -112,6 +116,8 @@ INSERT INTO notes SELECT (ARRAY['acme', 'globex', 'initech', 'hooli', 'umbrella'
 INSERT INTO measurements SELECT 1 + i % 100, i, 'm' FROM generate_series(1, 100) i;
 INSERT INTO measurements_old SELECT 1 + i % 100, i, 'old' FROM generate_series(1, 100) i;
 INSERT INTO measurements_new SELECT 1 + i % 100, i, 'new', 'x' FROM generate_series(1, 100) i;
+INSERT INTO measurements_new_eu
+    SELECT 1 + i % 100, i, 'eu', 'x', 'eu' FROM generate_series(1, 100) i;
 INSERT INTO readings (raw, v) SELECT i, 'reading ' || i FROM generate_series(1, 200) i;
 INSERT INTO invoices SELECT 1 + i % 100, i, 'invoice ' || i FROM generate_series(1, 200) i;
 INSERT INTO contracts SELECT (ARRAY['acme', 'globex', 'initech', 'hooli'])[1 + i % 4],
@@ -178,12 +184,16 @@ DO $oracle$
 DECLARE
     t record;
 BEGIN
-    -- On every table that holds rows: each protected table, partition and inheritance child.
+    -- On every table that holds rows: each protected table, and every partition and inheritance
+    -- child under one, at any depth.
     FOR t IN
-        SELECT c.oid::regclass AS tbl, p.key_column, p.entity_type
-          FROM shard_directory.protected_tables() p
-          JOIN pg_class c ON c.oid = p.tbl
-                          OR c.oid IN (SELECT i.inhrelid FROM pg_inherits i WHERE i.inhparent = p.tbl)
+        WITH RECURSIVE tree (relid, key_column, entity_type) AS (
+            SELECT p.tbl::oid, p.key_column, p.entity_type FROM shard_directory.protected_tables() p
+            UNION
+            SELECT i.inhrelid, tree.key_column, tree.entity_type
+              FROM pg_inherits i JOIN tree ON i.inhparent = tree.relid)
+        SELECT c.oid::regclass AS tbl, tree.key_column, tree.entity_type
+          FROM tree JOIN pg_class c ON c.oid = tree.relid
          WHERE c.relkind = 'r'
     LOOP
         EXECUTE format('CREATE TRIGGER zz_fuzz_oracle AFTER INSERT OR UPDATE OR DELETE ON %s '

@@ -4,7 +4,9 @@
 //! stops the delete halfway). Preflight refuses, naming the table, when a table that is not
 //! protected for the entity type references one that is, or, protected for no type, holds a
 //! column named like a key column of one (unless the operator says its rows are not the
-//! entity's).
+//! entity's). It also refuses an inheritance child of a protected table: the shard checks its
+//! rows, but the mover moves tables one by one and would copy the child's rows through its
+//! parent, without the child's own columns.
 
 use tokio_postgres::Client;
 
@@ -25,6 +27,23 @@ SELECT DISTINCT format('%s.%s', n.nspname, c.relname), f.conname,
  WHERE f.contype = 'f' AND f.conparentid = 0
    AND r.oid IN (SELECT oid FROM protected) AND c.oid NOT IN (SELECT oid FROM protected)
  ORDER BY 1, 2";
+
+/// The first inheritance child (not a partition), at any depth, of a table protected for `$1`,
+/// with its parent.
+const INHERITING: &str = "
+WITH RECURSIVE tree (child, parent) AS (
+    SELECT i.inhrelid, i.inhparent FROM pg_inherits i
+     WHERE i.inhparent IN (SELECT tbl FROM shard_directory.protected_tables()
+                            WHERE entity_type = $1)
+    UNION
+    SELECT i.inhrelid, i.inhparent FROM pg_inherits i JOIN tree ON i.inhparent = tree.child)
+SELECT format('%s.%s', n.nspname, c.relname), t.parent::regclass::text
+  FROM tree t
+  JOIN pg_class c ON c.oid = t.child
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE NOT c.relispartition
+ ORDER BY 1
+ LIMIT 1";
 
 /// Tables (not partitions, not the system's or the extension's) that are protected for no entity
 /// type and have a column named like the key column of a table protected for `$1`.
@@ -57,6 +76,22 @@ pub(crate) async fn check(
              every shard"
         )
     };
+    let inheriting = client.query(INHERITING, &[&entity_type]).await;
+    if let Some(r) = inheriting.at(Step::Preflight, shard)?.first() {
+        let (child, parent): (String, String) = (r.get(0), r.get(1));
+        return Err(Error::Preflight {
+            problem: format!(
+                "table {child} on shard {shard} inherits {parent}, which is protected for \
+                 entity type '{entity_type}': the mover does not move an inheritance child's \
+                 rows (copied through {parent}, they would lose {child}'s own columns)"
+            ),
+            fix: format!(
+                "make {parent} a partitioned table and {child} a partition of it (partitions \
+                 move), or move {child}'s rows into {parent}; the shard checks a child's rows \
+                 either way"
+            ),
+        });
+    }
     let referencing = client.query(REFERENCING, &[&entity_type]).await;
     if let Some(r) = referencing.at(Step::Preflight, shard)?.first() {
         let (table, constraint, referenced): (String, String, String) =

@@ -21,7 +21,7 @@ mod epoch;
 mod heap;
 mod history;
 pub(crate) mod latest;
-mod moves;
+pub(crate) mod moves;
 mod notify;
 pub(crate) mod placement;
 mod registry;

@@ -186,6 +186,11 @@ pub fn stamp() -> i64 {
         Some(Some(version)) => version,
         Some(None) => {
             let predicted = predict(EXPECTED.get());
+            if predicted == 1 {
+                // The database holds a directory from this change on: a publication of all its
+                // tables made before would carry it.
+                super::replica::refuse_publications(None, true);
+            }
             EXPECTED.set(Some(predicted));
             with_running(|running| {
                 if let Some(f) = running {

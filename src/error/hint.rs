@@ -145,6 +145,11 @@ impl SdError {
             Self::NonCanonicalId { canonical, .. } => Some(format!(
                 "Entity ids are the canonical text of their key: use \"{canonical}\" in the directory and on the shards."
             )),
+            Self::DifferentKeys { .. } => Some(
+                "Inherit from tables protected for one entity type with one key column, or \
+                 protect them alike."
+                    .into(),
+            ),
             Self::NotProtectedWithKey { table } => Some(format!(
                 "SELECT shard_directory.protect('{table}', '<key column>', '<entity type>')."
             )),

@@ -225,6 +225,13 @@ pub enum SdError {
     /// A function that needs a table's key column was given a table not protected with one.
     #[error("table {table} is not protected with a key column")]
     NotProtectedWithKey { table: String },
+    /// A table under tables protected with different keys (inheriting from two): its rows are
+    /// checked by one row trigger, for one entity type.
+    #[error(
+        "table {table} is under tables protected with different keys, {protections}: a table's \
+         rows are checked for one entity type"
+    )]
+    DifferentKeys { table: String, protections: String },
     /// Entity ids are compared as UTF-8 text: other database encodings are refused.
     #[error("shard_directory needs a UTF8 database, not {encoding}: entity ids are compared as UTF-8 text")]
     DatabaseEncoding { encoding: String },

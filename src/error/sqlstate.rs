@@ -36,6 +36,7 @@ impl SdError {
             | Self::PublishedDirectory { .. } => ERRCODE_FEATURE_NOT_SUPPORTED,
             Self::NonCanonicalId { .. } => ERRCODE_INVALID_PARAMETER_VALUE,
             Self::NotProtectedWithKey { .. } => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            Self::DifferentKeys { .. } => ERRCODE_INVALID_TABLE_DEFINITION,
             Self::UnknownState { .. } | Self::RegionMismatch { .. } => ERRCODE_CHECK_VIOLATION,
             Self::StaleDirectory { .. }
             | Self::StaleEntity { .. }

@@ -151,6 +151,53 @@ fn install(oid: pg_sys::Oid, rows: Option<(&str, &str)>) {
             ],
         );
     }
+    check_inherited_keys();
+}
+
+/// The first table under tables protected with different keys (a child of two by inheritance,
+/// or one protected itself under a parent protected otherwise), with those protections.
+const DIFFERENT_KEYS: &str = "\
+    WITH RECURSIVE p AS (SELECT tbl::oid AS root, key_column, entity_type \
+                           FROM shard_directory.protected_tables()), \
+    tree (root, relid) AS ( \
+        SELECT root, root FROM p \
+        UNION SELECT tree.root, i.inhrelid \
+        FROM pg_catalog.pg_inherits i JOIN tree ON i.inhparent = tree.relid) \
+    SELECT tree.relid::regclass::text, \
+           string_agg(format('%s (%s by %s)', tree.root::regclass, p.entity_type, p.key_column), \
+                      ', ' ORDER BY tree.root::regclass::text) \
+      FROM tree JOIN p USING (root) \
+     GROUP BY tree.relid \
+    HAVING count(DISTINCT (p.key_column, p.entity_type)) > 1 \
+     ORDER BY 1 LIMIT 1";
+
+/// Refuses a table under tables protected with different keys: its one row trigger would check
+/// its rows for one of them, and the other's fences would not reach it. Run by `protect` and by
+/// the event trigger as tables are made or attached (`INHERITS`, `ALTER TABLE ... INHERIT`).
+/// Under the SQL of 0.1.0 (this library, the extension not updated yet) there is nothing to read.
+#[pg_extern(volatile)]
+fn check_inherited_keys() {
+    let found = spi(
+        "read the protected tables",
+        Spi::connect(|c| {
+            let listed = c.select(
+                "SELECT 1 WHERE to_regprocedure('shard_directory.protected_tables()') IS NOT NULL",
+                Some(1),
+                &[],
+            )?;
+            if listed.is_empty() {
+                return Ok(None);
+            }
+            let rows = c.select(DIFFERENT_KEYS, Some(1), &[])?;
+            if rows.is_empty() {
+                return Ok::<_, pgrx::spi::SpiError>(None);
+            }
+            rows.first().get_two::<String, String>().map(Some)
+        }),
+    );
+    if let Some((Some(table), Some(protections))) = found {
+        SdError::DifferentKeys { table, protections }.raise()
+    }
 }
 
 /// Checks every INSERT, UPDATE, DELETE and TRUNCATE of `tbl` against the client's directory

@@ -19,7 +19,7 @@ async fn directory() -> (Cluster, Client) {
     directory_with(&[]).await
 }
 
-async fn directory_with(settings: &[(&str, &str)]) -> (Cluster, Client) {
+pub(crate) async fn directory_with(settings: &[(&str, &str)]) -> (Cluster, Client) {
     let cluster = Cluster::start("dir", settings);
     cluster.create_database_with_extension("directory").await;
     let client = cluster.connect("directory").await;
@@ -743,7 +743,7 @@ async fn refuse_changes_of_seven(c: &Client) {
 }
 
 /// An UPDATE of entry `id` that changes it (its region, set or cleared).
-fn toggle(id: &str) -> String {
+pub(crate) fn toggle(id: &str) -> String {
     format!(
         "UPDATE shard_directory.shard_directory SET region = CASE WHEN region IS NULL THEN 'eu' END \
          WHERE entity_id = '{id}'"
@@ -1157,157 +1157,4 @@ async fn a_change_with_replication_role_replica_is_refused() {
         c.batch_execute("ROLLBACK").await.unwrap();
     }
     assert_eq!((version(&c).await, stamps(&c, 0).await), before);
-}
-
-/// A publication that would carry the directory's tables to a logical copy (a read copy in
-/// another region, as one publishes a table) is refused where the DBA makes it: by name, by
-/// schema, as all tables of a database that holds a directory, and added by ALTER PUBLICATION;
-/// 0A000 naming the publication and the table, with what to use instead, and nothing is made.
-/// A publication of the application's tables is made, and so is one of all tables of a shard,
-/// whose directory tables are unused.
-#[tokio::test]
-async fn a_publication_of_the_directory_is_refused_where_it_is_made() {
-    let (publisher, p) = directory_with(&[("wal_level", "logical")]).await;
-    p.batch_execute("CREATE TABLE notes (id int PRIMARY KEY)")
-        .await
-        .unwrap();
-    for (sql, table) in [
-        (
-            "CREATE PUBLICATION p FOR TABLE notes, shard_directory.shard_directory_history",
-            "shard_directory_history",
-        ),
-        (
-            "CREATE PUBLICATION p FOR TABLES IN SCHEMA shard_directory",
-            "shard_directory",
-        ),
-        ("CREATE PUBLICATION p FOR ALL TABLES", "shard_directory"),
-        (
-            "CREATE PUBLICATION p FOR TABLE notes; \
-             ALTER PUBLICATION p ADD TABLE shard_directory.shard_directory_version",
-            "shard_directory_version",
-        ),
-    ] {
-        let e = p.batch_execute(sql).await.expect_err(sql);
-        let db = e.as_db_error().expect("a server error");
-        assert_eq!(db.code(), &SqlState::FEATURE_NOT_SUPPORTED, "{sql}: {db}");
-        assert!(
-            db.message().starts_with(&format!(
-                "publication p cannot carry shard_directory.{table}:"
-            )),
-            "{sql}: {db}"
-        );
-        assert!(
-            db.hint().is_some_and(|h| h.contains("physical standbys")),
-            "{sql}: {db}"
-        );
-        assert_eq!(publications(&p).await, 0, "{sql}: nothing made");
-    }
-    p.batch_execute("CREATE PUBLICATION notes FOR TABLE notes")
-        .await
-        .unwrap();
-    publisher.create_database_with_extension("a_shard").await;
-    let shard = publisher.connect("a_shard").await;
-    shard
-        .batch_execute("CREATE PUBLICATION everything FOR ALL TABLES")
-        .await
-        .unwrap();
-    assert_eq!(publications(&shard).await, 1);
-}
-
-/// The publications of `c`'s database.
-async fn publications(c: &Client) -> i64 {
-    c.query_one("SELECT count(*) FROM pg_publication", &[])
-        .await
-        .unwrap()
-        .get(0)
-}
-
-/// A subscription copying the directory through a publication made around that refusal (its
-/// event trigger disabled, or the publication older than the extension) is refused too, and
-/// says so: its initial copy failed for ever on the copy's own version row, and its apply wrote
-/// entries that no rule checked, with no version, history or notification of the copy's own.
-/// The initial copy and the apply of a change each stop on the directory's guard (0A000, naming
-/// logical replication and what to use instead), and the copy's tables are left as they were.
-#[tokio::test]
-async fn a_logical_replication_copy_of_the_directory_is_refused() {
-    let (publisher, p) = directory_with(&[("wal_level", "logical")]).await;
-    p.batch_execute(
-        "ALTER EVENT TRIGGER shard_directory_refuse_publication DISABLE; \
-         CREATE PUBLICATION directory FOR TABLE shard_directory.shard_directory, \
-         shard_directory.shard_directory_version, shard_directory.shard_directory_history; \
-         ALTER EVENT TRIGGER shard_directory_refuse_publication ENABLE ALWAYS",
-    )
-    .await
-    .unwrap();
-    let subscriber = Cluster::start(
-        "dir-subscriber",
-        &[("wal_retrieve_retry_interval", "200ms")],
-    );
-    let mut copies = Vec::new();
-    for (db, copy_data) in [("copy", true), ("apply", false)] {
-        subscriber.create_database_with_extension(db).await;
-        let s = subscriber.connect(db).await;
-        s.batch_execute(&format!(
-            "CREATE SUBSCRIPTION {db} CONNECTION '{}' PUBLICATION directory \
-             WITH (copy_data = {copy_data})",
-            publisher.conn_str("directory")
-        ))
-        .await
-        .unwrap();
-        copies.push((db, s));
-    }
-    // A change for the apply to carry.
-    p.batch_execute(&toggle("8842")).await.unwrap();
-
-    // The initial copy of the version table stops on its guard (the copies of the other tables
-    // too), the apply of the change on the entries' guard.
-    let refused =
-        |table: &str| format!("shard_directory.{table} cannot be written by logical replication");
-    eventually("both workers refused", DEADLINE, || async {
-        let log = subscriber.server_log();
-        let both = ["shard_directory_version", "shard_directory"]
-            .iter()
-            .all(|t| log.contains(&refused(t)));
-        (both && log.contains("physical standbys")).then_some(())
-    })
-    .await;
-    for (db, s) in &copies {
-        let counter = if *db == "copy" {
-            "sync_error_count"
-        } else {
-            "apply_error_count"
-        };
-        // Counted by the worker as it exits, just after it logs the error.
-        eventually(&format!("{db}: {counter}"), DEADLINE, || async {
-            let errors: i64 = s
-                .query_one(
-                    &format!("SELECT {counter} FROM pg_stat_subscription_stats WHERE subname = $1"),
-                    &[db],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            (errors > 0).then_some(())
-        })
-        .await;
-        let copied: (i64, i64, i64) = {
-            let r = s
-                .query_one(
-                    "SELECT (SELECT count(*) FROM shard_directory.shard_directory), \
-                            (SELECT count(*) FROM shard_directory.shard_directory_history), \
-                            shard_directory.current_version()",
-                    &[],
-                )
-                .await
-                .unwrap();
-            (r.get(0), r.get(1), r.get(2))
-        };
-        assert_eq!(copied, (0, 0, 0), "{db}: the copy's tables as they were");
-        s.batch_execute(&format!(
-            "ALTER SUBSCRIPTION {db} DISABLE; ALTER SUBSCRIPTION {db} SET (slot_name = NONE); \
-             DROP SUBSCRIPTION {db}"
-        ))
-        .await
-        .unwrap();
-    }
 }

@@ -27,6 +27,7 @@ mod mover_tls;
 mod mover_triggers;
 mod package;
 mod proof;
+mod publications;
 mod randomized_history;
 mod regress;
 mod relay;

@@ -269,6 +269,75 @@ async fn the_children_of_a_protected_table_are_checked_as_the_table_is() {
     );
 }
 
+/// A table under tables protected with different keys (`INHERITS (orders, accounts)`, orders
+/// protected for tenants, accounts for accounts) is refused as it is made, as it is attached
+/// with `ALTER TABLE ... INHERIT`, and by `protect` of a parent above it (42P16, naming the table
+/// and both protections), and nothing is made: it would get one row trigger, with one key, and
+/// the other parent's fences did not reach its rows (an UPDATE through `accounts` of a moved
+/// account's row in the child went through).
+#[tokio::test]
+async fn a_table_under_two_keys_is_refused_as_it_is_made() {
+    let cluster = Cluster::start("shard-two-keys", &[]);
+    let (dba, _app) = shard_with_app(
+        &cluster,
+        "CREATE TABLE orders (tenant_id text NOT NULL, item text);
+         SELECT shard_directory.protect('orders', 'tenant_id', 'tenant');
+         CREATE TABLE accounts (account_id int NOT NULL, balance int);
+         SELECT shard_directory.protect('accounts', 'account_id', 'account');
+         CREATE TABLE ledger (account_id int NOT NULL, balance int);
+         CREATE TABLE billed (tenant_id text NOT NULL, item text, account_id int NOT NULL,
+                              balance int);
+         ALTER TABLE billed INHERIT orders",
+    )
+    .await;
+    for sql in [
+        "CREATE TABLE billed_orders (note text) INHERITS (orders, accounts)",
+        "ALTER TABLE billed INHERIT accounts",
+        "ALTER TABLE billed INHERIT ledger; \
+         SELECT shard_directory.protect('ledger', 'account_id', 'account')",
+    ] {
+        let e = dba.batch_execute(sql).await.expect_err(sql);
+        let db = e.as_db_error().expect("a server error");
+        assert_eq!(
+            db.code(),
+            &SqlState::INVALID_TABLE_DEFINITION,
+            "{sql}: {db}"
+        );
+        assert!(
+            db.message().contains("table public.billed")
+                && db.message().contains("(tenant by tenant_id)")
+                && db.message().contains("(account by account_id)"),
+            "{sql}: {db}"
+        );
+    }
+    assert_eq!(
+        count(
+            &dba,
+            "SELECT count(*) FROM pg_inherits WHERE inhrelid = 'billed'::regclass"
+        )
+        .await,
+        1,
+        "billed inherits orders alone"
+    );
+    assert_eq!(
+        count(
+            &dba,
+            "SELECT count(*) FROM pg_class WHERE relname = 'billed_orders'"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        count(
+            &dba,
+            "SELECT count(*) FROM shard_directory.protected_tables()"
+        )
+        .await,
+        2,
+        "orders and accounts"
+    );
+}
+
 /// `stats()` and `entity_stats()` name the busiest tenants and their rates: the application
 /// role is refused them (42501), a monitoring role (a member of `pg_monitor`, with USAGE on the
 /// schema) reads them, as docs/operations.md grants it.
