@@ -25,6 +25,9 @@
 set -euo pipefail
 shopt -s inherit_errexit # a failure inside $(...) stops the script too
 cd "$(dirname "$0")/.."
+# Its own set-up, as demo.sh and test.sh do (the PostgreSQL 16-18 trees under .pg/, dpkg-dev,
+# cargo-pgrx); quick when everything is there. Its output goes to stderr: stdout is the paths.
+bash scripts/setup.sh >&2
 umask 022
 export LC_ALL=C
 root_dir=$PWD
@@ -38,7 +41,7 @@ log() { echo "package: $*" >&2; }
 die() { echo "package: $*" >&2; exit 1; }
 
 for tool in dpkg-deb dpkg-shlibdeps strip python3; do
-  command -v "$tool" >/dev/null || die "$tool is missing (bash scripts/setup.sh installs it)"
+  command -v "$tool" >/dev/null || die "$tool is missing (scripts/setup.sh should have installed it)"
 done
 
 pg_config_of() {

@@ -62,18 +62,16 @@ fn restore(cluster: &Cluster, db: &str, runs: &[&[&str]]) {
 }
 
 /// `pg_dump source | psql target` (stopping at the first error), as a DBA would.
-fn dump_and_restore(cluster: &Cluster, source: &str, target: &str) {
+/// `pg_dump source | psql target`; returns what pg_dump said on stderr.
+fn dump_and_restore(cluster: &Cluster, source: &str, target: &str) -> String {
     run(cluster.client_command("createdb").arg(target));
     let dump = cluster
         .client_command("pg_dump")
         .arg(source)
         .output()
         .expect("pg_dump");
-    assert!(
-        dump.status.success(),
-        "{}",
-        String::from_utf8_lossy(&dump.stderr)
-    );
+    let said = String::from_utf8_lossy(&dump.stderr).into_owned();
+    assert!(dump.status.success(), "{said}");
     let mut psql = cluster
         .client_command("psql")
         .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", target])
@@ -90,6 +88,27 @@ fn dump_and_restore(cluster: &Cluster, source: &str, target: &str) {
         "restore: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    said
+}
+
+/// What pg_dump says of every database with the extension (docs/operations.md, "Backup and
+/// restore"): that `shard_moves` references itself (a way back names the move it reverses), and
+/// nothing else. Harmless: the table's rows load in one COPY, whose key checks run once it ends.
+fn only_the_circular_key_warning(said: &str) {
+    assert!(
+        said.contains("circular foreign-key constraints") && said.contains("shard_moves"),
+        "{said}"
+    );
+    let other: Vec<&str> = said
+        .lines()
+        .filter(|l| {
+            !(l.contains("circular foreign-key constraints")
+                || l.starts_with("pg_dump: detail:")
+                || l.starts_with("pg_dump: hint:")
+                || l.trim() == "shard_moves")
+        })
+        .collect();
+    assert!(other.is_empty(), "pg_dump also said: {other:?}");
 }
 
 /// Shards, entries (one mid-move, one frozen, one moved, one deleted), a move of a batch, and a
@@ -135,8 +154,15 @@ async fn a_plain_dump_round_trip_keeps_the_directory_and_the_shard_state() {
     .await
     .unwrap();
 
-    dump_and_restore(&cluster, "directory", "directory_restored");
-    dump_and_restore(&cluster, "shard", "shard_restored");
+    // Each dump warns of shard_moves' reference to itself (the extension's tables are in every
+    // database it is in) and restores without --disable-triggers: the directory's with a way
+    // back that names its move.
+    only_the_circular_key_warning(&dump_and_restore(
+        &cluster,
+        "directory",
+        "directory_restored",
+    ));
+    only_the_circular_key_warning(&dump_and_restore(&cluster, "shard", "shard_restored"));
 
     let r = cluster.connect("directory_restored").await;
     for table in DIRECTORY_TABLES {
