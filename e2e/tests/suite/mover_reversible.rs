@@ -437,6 +437,13 @@ async fn the_way_back_keeps_what_was_written_while_the_source_was_down() {
         ("shard_2", format!("sd_move_{}_back", there.move_id))
     );
     assert!(slot.retained_wal_bytes > 0);
+    // And says so above it, not that the rows stream back.
+    let status = status_text(&t, there.move_id).await;
+    assert!(
+        status.contains("its way back to shard_1 is not streaming")
+            && !status.contains("stream back to"),
+        "{status}"
+    );
     // Back up, the source catches up, and the revert brings every write home.
     t.shard_cluster("shard_1").restart();
     shows_change(&t, "shard_1", "a", 1, 2).await;

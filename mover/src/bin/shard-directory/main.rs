@@ -401,7 +401,9 @@ impl Observer for Progress {
     }
 }
 
-fn summary(r: &MoveRecord) -> String {
+/// A move in lines; `streaming`, when known (`status` of one move reads its slot), whether a
+/// reversible move's way back streams.
+fn summary(r: &MoveRecord, streaming: Option<bool>) -> String {
     let freeze = r.freeze_time().map_or("-".to_owned(), |d| {
         humantime::format_duration(d).to_string()
     });
@@ -431,15 +433,22 @@ fn summary(r: &MoveRecord) -> String {
         }
     }
     if r.phase == Phase::Reversible {
+        let until = r
+            .reversible_until
+            .as_deref()
+            .map_or(String::new(), |u| format!(" until {u}"));
+        let way_back = match streaming {
+            Some(true) => format!("its rows stream back to {}", r.source_shard),
+            Some(false) => format!(
+                "its way back to {} is not streaming: {}'s rows fall behind until it streams \
+                 again, and {} keeps the WAL it needs",
+                r.source_shard, r.source_shard, r.target_shard
+            ),
+            None => format!("a way back keeps {}'s rows", r.source_shard),
+        };
         s.push_str(&format!(
-            "\n  reversible{}: its rows stream back to {}; `revert {}` takes it back, \
-             `finalize {}` ends that",
-            r.reversible_until
-                .as_deref()
-                .map_or(String::new(), |u| format!(" until {u}")),
-            r.source_shard,
-            r.move_id,
-            r.move_id
+            "\n  reversible{until}: {way_back}; `revert {}` takes it back, `finalize {}` ends that",
+            r.move_id, r.move_id
         ));
     }
     if let Some(reversible) = r.reverses {
@@ -512,7 +521,7 @@ impl From<Failure> for Outcome {
 fn report(result: Result<MoveRecord, Failure>, as_json: bool) -> Result<(), Outcome> {
     match (result, as_json) {
         (Ok(record), false) => {
-            println!("{}", summary(&record));
+            println!("{}", summary(&record, None));
             Ok(())
         }
         (Ok(record), true) => {
@@ -779,7 +788,7 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
             if as_json {
                 println!("{}", json(&record));
             } else {
-                println!("{}", summary(&record));
+                println!("{}", summary(&record, None));
             }
         }
         Command::Status { move_id } => match move_id {
@@ -788,7 +797,8 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
                 if as_json {
                     println!("{}", json(&status));
                 } else {
-                    println!("{}", summary(&status.record));
+                    let streaming = status.slot.as_ref().map(|s| s.active);
+                    println!("{}", summary(&status.record, streaming));
                     if let Some(d) = &status.driver {
                         println!("  driven by {d}");
                     }
@@ -816,7 +826,7 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
                     println!("no open moves");
                 }
                 for r in records.iter().filter(|_| !as_json) {
-                    println!("{}", summary(r));
+                    println!("{}", summary(r, None));
                 }
             }
         },

@@ -202,7 +202,7 @@ pub fn report(batch_id: i64, run: BatchRun, as_json: bool) -> Result<(), Outcome
         let what = format!("{}/{} {} -> {}", m.entity_type, m.entity_id, m.from, m.to);
         let (line, entry) = match outcome {
             Moved::Moved(record) => (
-                format!("{what}: moved\n  {}", summary(record.as_ref())),
+                format!("{what}: moved\n  {}", summary(record.as_ref(), None)),
                 json!({"outcome": "moved", "move_id": record.move_id}),
             ),
             Moved::Skipped(why) => (
