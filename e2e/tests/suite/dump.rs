@@ -61,8 +61,8 @@ fn restore(cluster: &Cluster, db: &str, runs: &[&[&str]]) {
     }
 }
 
-/// `pg_dump source | psql target` (stopping at the first error), as a DBA would.
-/// `pg_dump source | psql target`; returns what pg_dump said on stderr.
+/// `pg_dump source | psql target` (stopping at the first error), as a DBA would; returns what
+/// pg_dump said on stderr.
 fn dump_and_restore(cluster: &Cluster, source: &str, target: &str) -> String {
     run(cluster.client_command("createdb").arg(target));
     let dump = cluster
