@@ -1,4 +1,4 @@
-//! Many moves from one plan ([`crate::balance`]): the fleet a plan is made from (shards, entries,
+//! Many moves from one plan ([`crate::planning::balance`]): the fleet a plan is made from (shards, entries,
 //! sizes), and a plan run as a batch (a row of `shard_move_batches`, which its moves name), at
 //! most `parallel` moves at once and `per_shard` per shard.
 //!
@@ -25,20 +25,20 @@ use serde::Serialize;
 use shard_directory_protocol::State;
 use tokio_postgres::Client;
 
-use crate::balance::{BatchPlan, Fleet, Placed, PlannedMove, ShardInfo};
-use crate::budget;
-use crate::entry;
+use crate::directory::entry;
+use crate::directory::phase::Phase;
+use crate::directory::record::{self, MoveRecord};
 use crate::error::{At, Error, Failure, Place, Step};
 use crate::failpoint::point;
 use crate::mover::Mover;
 use crate::options::MoveChoices;
 use crate::patience;
-use crate::phase::Phase;
-use crate::record::{self, MoveRecord};
-use crate::side::Side;
-use crate::sizes;
+use crate::planning::balance::{BatchPlan, Fleet, Placed, PlannedMove, ShardInfo};
+use crate::planning::budget;
+use crate::planning::sizes;
+use crate::run::way_back;
+use crate::shards::side::Side;
 use crate::status;
-use crate::way_back;
 
 /// How a plan's moves run.
 #[derive(Debug, Clone, Copy)]
@@ -149,9 +149,9 @@ enum Next {
 
 impl Mover {
     /// The shards, every active entry, and each entity's size on its shard (see
-    /// `sizes.rs`), with its load when `load` (the shards' `entity_stats()`, which a shard
+    /// `planning/sizes.rs`), with its load when `load` (the shards' `entity_stats()`, which a shard
     /// of extension 0.1.0 lacks), and the freeze a move of it would take under this mover's
-    /// options when that grows with its size (`budget.rs`): what `drain`, `split` and
+    /// options when that grows with its size (`planning/budget.rs`): what `drain`, `split` and
     /// `rebalance` plan from.
     pub async fn fleet(&self, load: bool) -> Result<Fleet, Error> {
         let directory = self.connect_directory(None).await?;
@@ -205,7 +205,7 @@ impl Mover {
                 sizes_kept.insert(shard.clone(), age);
             }
             for kind in &types {
-                let tables = crate::catalog::describe(&side.client, kind)
+                let tables = crate::shards::catalog::describe(&side.client, kind)
                     .await
                     .at(Step::Plan, shard.as_str())?;
                 let of_kind = || placed.iter().filter(|p| &p.key.entity_type == kind);
@@ -234,7 +234,8 @@ impl Mover {
         directory: &tokio_postgres::Client,
         shard: &str,
     ) -> Result<Side, Error> {
-        let endpoint = crate::registry::endpoint(directory, &self.overrides, shard).await?;
+        let endpoint =
+            crate::directory::registry::endpoint(directory, &self.overrides, shard).await?;
         Side::connect(endpoint, None).await
     }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio_postgres::error::SqlState;
 
-use crate::phase::Phase;
+use crate::directory::phase::Phase;
 
 /// A step of a move, as errors and logs name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,7 +150,7 @@ pub enum Error {
         referenced: String,
         rows: Vec<String>,
     },
-    /// DDL on the entity's tables during the move (`schema.rs`): logical apply would stop, or the
+    /// DDL on the entity's tables during the move (`run/schema.rs`): logical apply would stop, or the
     /// copies drift, so the move stops before its cutover, resumable.
     #[error(
         "{step}: the tables of {entity} changed during the move: {}; the move stops before its \
@@ -162,20 +162,20 @@ pub enum Error {
     SchemaChanged {
         step: Step,
         entity: shard_directory_protocol::EntityKey,
-        changes: Vec<crate::schema::SchemaChange>,
+        changes: Vec<crate::run::schema::SchemaChange>,
     },
-    /// A drain of a shard that a reversible move's way back joins to another (`way_back.rs`).
+    /// A drain of a shard that a reversible move's way back joins to another (`run/way_back.rs`).
     #[error(
         "drain: shard {shard} is joined to another shard by the way back of {}: drained and then \
          decommissioned, it would leave the way back's slot keeping WAL without bound, and the \
          move could be neither reverted nor finalized; nothing was planned or recorded\n  \
          fix: {}; then drain {shard}",
         .moves.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
-        .moves.iter().map(crate::way_back::WayBack::fix).collect::<Vec<_>>().join("; ")
+        .moves.iter().map(crate::run::way_back::WayBack::fix).collect::<Vec<_>>().join("; ")
     )]
     WayBackJoins {
         shard: String,
-        moves: Vec<crate::way_back::WayBack>,
+        moves: Vec<crate::run::way_back::WayBack>,
     },
     /// Catch-up and verification did not finish within `--max-freeze`.
     #[error("{step}: the freeze exceeded --max-freeze ({})", humantime::format_duration(*.limit))]
@@ -198,7 +198,7 @@ pub enum Error {
         shard: String,
         errors: i64,
     },
-    /// PostgreSQL lost a table's tablesync slot (`mover/src/tablesync.rs`) each time the mover copied
+    /// PostgreSQL lost a table's tablesync slot (`mover/src/run/replication/tablesync.rs`) each time the mover copied
     /// again.
     #[error(
         "{step}: the initial copy of {table} on shard {to} lost its tablesync slot on shard \

@@ -23,87 +23,61 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Modules, in the order of a move:
+//! Folders, in the order of a move:
 //! - `mover` (the [`Mover`]: start, resume, abort, inspect) with its `options`;
-//! - `preflight` (what `start` checks before changing anything), drawing on `catalog` (the
-//!   entity's tables), `coverage` (every table holding its rows is protected), `integrity` (no
-//!   foreign key crosses to another entity), `privileges` (what the mover's role holds) and
-//!   `registry` (where the shards are);
-//! - `run` (one process driving one move, phase by phase): `record` (`shard_moves`), `phase`,
-//!   `entry` (the directory entry), `side` (one shard), `fence`, `logical` and `copy` (the two
-//!   methods; `triggers`: the target's own, which the copy does not fire), `verify` (online,
-//!   then under the freeze only what `tracking` saw change, read from `pgoutput` streams),
-//!   `schema` (DDL on the entity's tables during the move), `sequences`, `purge` (the source's
-//!   rows deleted, paced by `throttle`);
-//! - many moves: `sizes` (each entity's rows, bytes and load on its shard), `budget` (the
-//!   freeze a move of each would take), `balance` (plans that drain, split or rebalance shards,
-//!   keeping every move within `--max-freeze`) and `batch` (a plan run, several moves at once);
-//! - `way_back` (a reversible move's way back: what it keeps a drain from, and a finalize
-//!   without its source);
-//! - `status` (who drives a move, what its slot keeps), `reconcile` (rows on a shard the
-//!   directory does not name), `observer` (what a move reports) and `telemetry` (the same, as
-//!   metrics), `error`.
+//! - `preflight/` (what `start` checks before changing anything: `coverage`, every table
+//!   holding the entity's rows is protected; `integrity`, no foreign key crosses to another
+//!   entity; `privileges`, what the mover's role holds);
+//! - `directory/` (the shards' `registry`, the entity's `entry`, the move's `record` and
+//!   `phase`) and `shards/` (one shard's `side`, the entity's tables in its `catalog`, its
+//!   `fence`);
+//! - `run/` (one process driving one move: the state machine), a folder or file per phase:
+//!   `replication/` (method `logical`), `copy/` (method `copy`, and the target's `triggers` it
+//!   does not fire), `checks/` (online, then under the freeze only what `tracking` saw change),
+//!   `freeze`, `cutover/` (with the `sequences`), `cleanup/` (`purge`, paced by `throttle`),
+//!   `abort`, the `way_back` of a reversible move, and `schema` (DDL during a move);
+//! - many moves: `planning/` (`sizes`, the freeze `budget`, plans that `balance`: drain, split,
+//!   rebalance) and `batch` (a plan run, several moves at once);
+//! - around them: `status` (who drives a move, what its slot keeps), `reconcile` (rows on a
+//!   shard the directory does not name), `report/` (the `observer`, `telemetry`, `progress`),
+//!   `patience` (retries within a deadline), `failpoint`, `error`; and the `relay`, which
+//!   republishes the directory's changes to the fleet.
 
-mod balance;
 mod batch;
-mod budget;
-mod catalog;
-mod copy;
-mod coverage;
-mod entry;
+mod directory;
 mod error;
 mod failpoint;
-mod fence;
-mod initial_copy;
-mod integrity;
-mod logical;
 mod mover;
-mod observer;
 mod options;
 mod patience;
-mod pgoutput;
-mod phase;
+mod planning;
 mod preflight;
-mod privileges;
-mod progress;
-mod purge;
 mod reconcile;
-mod record;
-mod registry;
 mod relay;
+mod report;
 mod run;
-mod schema;
-mod sequences;
-mod side;
-mod sizes;
+mod shards;
 mod status;
-mod tablesync;
-mod telemetry;
-mod throttle;
-mod tracking;
-mod triggers;
-mod verify;
-mod way_back;
 
-pub use balance::{
+pub use batch::{BatchMove, BatchOptions, BatchRun, BatchState, BatchStatus, Outcome};
+pub use directory::entry::{HistoryRow, Placement};
+pub use directory::phase::Phase;
+pub use directory::record::{Method, MoveRecord, TableProgress};
+pub use directory::registry::{with_password, Endpoint, Overrides, ShardOverride};
+pub use error::{Error, Failure, Left, Place, Step};
+pub use mover::Mover;
+pub use options::{MethodChoice, MoveChoices, MoveOptions};
+pub use planning::balance::{
     drain, rebalance, split, BatchPlan, Fleet, Placed, PlannedMove, ShardInfo, Skipped, Totals,
 };
-pub use batch::{BatchMove, BatchOptions, BatchRun, BatchState, BatchStatus, Outcome};
-pub use entry::{HistoryRow, Placement};
-pub use error::{Error, Failure, Left, Place, Step};
-pub use fence::Fence;
-pub use mover::Mover;
-pub use observer::{LogObserver, Observer};
-pub use options::{MethodChoice, MoveChoices, MoveOptions};
-pub use phase::Phase;
+pub use planning::sizes::{Size, Weigh};
 pub use preflight::Plan;
 pub use reconcile::Stray;
-pub use record::{Method, MoveRecord, TableProgress};
-pub use registry::{with_password, Endpoint, Overrides, ShardOverride};
 pub use relay::{relay, RelayOptions, RELAY_APPLICATION_NAME};
-pub use schema::SchemaChange;
+pub use report::observer::{LogObserver, Observer};
+pub use run::schema::SchemaChange;
+pub use run::way_back::WayBack;
 /// The protocol's key and state, as the mover's API takes and returns them.
 pub use shard_directory_protocol::{EntityKey, State};
-pub use sizes::{Size, Weigh};
+pub use shards::fence::Fence;
 pub use status::{Driver, MoveStatus, Slot};
-pub use way_back::WayBack;

@@ -16,24 +16,24 @@ use shard_directory_protocol::EntityKey;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Config};
 
-use crate::catalog;
-use crate::entry::{self, HistoryRow, Placement};
+use crate::directory::entry::{self, HistoryRow, Placement};
+use crate::directory::phase::Phase;
+use crate::directory::record::{self, MoveRecord, NewMove, TableProgress};
+use crate::directory::registry::{self, Overrides};
 use crate::error::{At, Error, Failure, Place, Step};
 use crate::failpoint::point;
-use crate::logical;
-use crate::observer::{LogObserver, Observer};
 use crate::options::MoveOptions;
 use crate::patience::Patience;
-use crate::phase::Phase;
 use crate::preflight::{preflight, Plan};
 use crate::reconcile::Stray;
-use crate::record::{self, MoveRecord, NewMove, TableProgress};
-use crate::registry::{self, Overrides};
+use crate::report::observer::{LogObserver, Observer};
+use crate::report::telemetry::Metered;
+use crate::run::checks::verify;
+use crate::run::replication::logical;
 use crate::run::{stopped, Run};
-use crate::side::{self, Side};
+use crate::shards::catalog;
+use crate::shards::side::{self, Side};
 use crate::status::{self, MoveStatus};
-use crate::telemetry::Metered;
-use crate::verify;
 
 /// Class of the session advisory lock a run holds on its move (`pg_advisory_lock(int, int)`).
 pub(crate) const MOVE_LOCK_CLASS: i32 = 0x5344_4d56;
@@ -637,7 +637,7 @@ impl Mover {
         let tables = catalog::describe(&home.client, &key.entity_type)
             .await
             .at(Step::Verify, home.name())?;
-        crate::verify::verify(
+        crate::run::checks::verify::verify(
             (&home.client, home.name()),
             (&there.client, there.name()),
             &tables,
@@ -665,10 +665,10 @@ impl Mover {
             registry::endpoint(&directory, &self.overrides, &record.source_shard).await?;
         let mut source = Side::connect(endpoint, Some(move_id)).await?;
         let key = record.entity();
-        let fence = crate::fence::read(&source.client, &key)
+        let fence = crate::shards::fence::read(&source.client, &key)
             .await
             .at(Step::DeleteSource, source.name())?;
-        if !matches!(fence, crate::fence::Fence::Moved { .. }) {
+        if !matches!(fence, crate::shards::fence::Fence::Moved { .. }) {
             return Err(Error::State {
                 move_id,
                 phase: record.phase,
@@ -685,7 +685,7 @@ impl Mover {
         let version = entry::current_version(&directory)
             .await
             .at(Step::DeleteSource, Place::Directory)?;
-        let replica = crate::triggers::delete_as_replica(
+        let replica = crate::run::copy::triggers::delete_as_replica(
             &source.client,
             &source.endpoint.name,
             &tables,
@@ -693,7 +693,7 @@ impl Mover {
         )
         .await;
         let progress = &mut record.tables;
-        crate::purge::delete_rows(
+        crate::run::cleanup::purge::delete_rows(
             (&mut source.client, &source.endpoint.name),
             &tables,
             &key,

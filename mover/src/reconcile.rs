@@ -8,10 +8,10 @@ use serde::Serialize;
 use shard_directory_protocol::{EntityKey, State};
 use tokio_postgres::Client;
 
-use crate::catalog::{self, EntityTable};
-use crate::entry::{self, Placement};
+use crate::directory::entry::{self, Placement};
 use crate::error::{At, Error, Place, Step};
-use crate::fence::{self, Fence};
+use crate::shards::catalog::{self, EntityTable};
+use crate::shards::fence::{self, Fence};
 
 /// An entity with rows on a shard its directory entry does not name (nor names as the target of a
 /// move under way).

@@ -14,7 +14,7 @@ use shard_directory_protocol::relay::{seal, Change};
 use shard_directory_protocol::CHANNEL;
 use tokio_postgres::Client;
 
-use crate::registry;
+use crate::directory::registry;
 
 /// Where and how the relay publishes.
 #[derive(Debug, Clone)]

@@ -4,7 +4,7 @@
 use serde::Serialize;
 use tokio_postgres::Client;
 
-use crate::record::MoveRecord;
+use crate::directory::record::MoveRecord;
 
 /// The JSON form's version: raised when a field changes meaning or goes away.
 pub const SCHEMA_VERSION: u32 = 1;

@@ -13,8 +13,8 @@ use std::collections::BTreeSet;
 
 use tokio_postgres::Client;
 
-use crate::catalog::EntityTable;
 use crate::error::{At, Error, Step};
+use crate::shards::catalog::EntityTable;
 
 /// Every sequence of `tables`, once each.
 pub(crate) fn of(tables: &[EntityTable]) -> BTreeSet<&str> {

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
-use crate::catalog::EntityTable;
 use crate::error::{At, Error, Step};
+use crate::shards::catalog::EntityTable;
 
 /// Why creating or adopting a replication object did not succeed.
 #[derive(Debug)]
@@ -49,7 +49,7 @@ impl Trouble {
 /// What a replication object of this move says about itself (its COMMENT): an object found by
 /// its name is adopted only when it says this, so a leftover of another move that happened to get
 /// the same id (another directory, a restore) is never taken for this move's.
-pub(crate) fn signature(record: &crate::record::MoveRecord) -> String {
+pub(crate) fn signature(record: &crate::directory::record::MoveRecord) -> String {
     if let Some(reversible) = record.reverses {
         return way_back_signature(
             reversible,
@@ -444,7 +444,7 @@ pub(crate) async fn check_slot(
 ) -> Result<(), Error> {
     let retained = retained_wal(source, name).await.at(step, shard)?;
     if let Some((retained, lost)) = retained {
-        crate::telemetry::retained_wal(move_id, retained);
+        crate::report::telemetry::retained_wal(move_id, retained);
         if lost || retained > limit {
             return Err(Error::SlotLag {
                 step,

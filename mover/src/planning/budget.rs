@@ -12,10 +12,10 @@ use std::time::Duration;
 use shard_directory_protocol::EntityKey;
 use tokio_postgres::Client;
 
-use crate::catalog::EntityTable;
 use crate::error::{At, Error, Place, Step};
 use crate::options::{MethodChoice, MoveOptions};
-use crate::verify;
+use crate::run::checks::verify;
+use crate::shards::catalog::EntityTable;
 
 /// Finished copy moves from a shard whose freezes are the shard's history.
 const HISTORY: i64 = 20;

@@ -1,4 +1,4 @@
-//! The way back of a reversible move (`logical.rs`): a publication and slot on the move's target
+//! The way back of a reversible move (`run/replication/logical.rs`): a publication and slot on the move's target
 //! that a subscription on its source reads, joining the two shards until `finalize` or `revert`.
 //! A shard it joins is not drained: decommissioned, it would leave the slot on the other shard
 //! keeping WAL without bound (or a subscription reading a slot that is gone), and the move could
@@ -10,14 +10,16 @@ use std::fmt;
 
 use shard_directory_protocol::EntityKey;
 
+use crate::directory::phase::Phase;
+use crate::directory::record::{self, MoveRecord};
+use crate::directory::registry;
 use crate::error::{At, Error, Failure, Place, Step};
 use crate::failpoint::point;
-use crate::logical;
 use crate::mover::Mover;
-use crate::phase::Phase;
-use crate::record::{self, MoveRecord};
-use crate::registry;
-use crate::side::Side;
+use crate::run::replication::logical;
+use crate::shards::side::Side;
+
+use super::Run;
 
 /// A reversible move not finished yet, whose way back joins its two shards (or will).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,5 +215,66 @@ impl Mover {
             .expect("a move record is never deleted");
         self.observer.phase(move_id, done.phase).await;
         Ok(done)
+    }
+}
+
+impl Run<'_> {
+    /// `--reversible`: the way back, made before the freeze (its slot waits for the target's
+    /// transactions in progress, which must not be under the freeze) and left off until the
+    /// forward replication is gone.
+    pub(super) async fn ensure_way_back(&self) -> Result<(), Error> {
+        let (id, step) = (self.id(), Step::WayBack);
+        let name = logical::way_back_name(id);
+        let target = self.target(step)?;
+        let (from, to) = (&self.record.target_shard, &self.record.source_shard);
+        let signature = logical::way_back_signature(id, &self.key, from, to);
+        let (tables, entity_id) = (&self.tables, &self.key.entity_id);
+        logical::ensure_publication(&target.client, &name, tables, entity_id, &signature)
+            .await
+            .map_err(|t| {
+                self.replication_trouble(step, (from, to), t, "the way back's publication")
+            })?;
+        logical::ensure_subscription(
+            &target.client,
+            &self.source.client,
+            &name,
+            &target.endpoint.replication_conninfo,
+            &signature,
+            self.options.fence_patience,
+            logical::Begin::Off,
+        )
+        .await
+        .map_err(|t| {
+            let what = format!("creating replication slot {name}");
+            self.replication_trouble(step, (from, to), t, &what)
+        })
+    }
+
+    /// After the cutover, the forward replication dropped: the way back turned on, and the move
+    /// reversible (until `reversible_until`, when it has one).
+    pub(super) async fn open_way_back(&mut self) -> Result<(), Error> {
+        let name = logical::way_back_name(self.id());
+        point!("way_back.open");
+        logical::enable_subscription(&self.source.client, &name)
+            .await
+            .at(Step::WayBack, self.source.name())?;
+        self.enter(Phase::Reversible).await
+    }
+
+    /// Drops the way back, when the move is reversible: its subscription on the source, its
+    /// slot and publication on the target.
+    pub(super) async fn drop_way_back(&self, step: Step) -> Result<(), Error> {
+        if !self.record.reversible {
+            return Ok(());
+        }
+        let name = logical::way_back_name(self.id());
+        point!("way_back.drop.{:?}", step);
+        logical::drop_subscription(&self.source.client, &name)
+            .await
+            .at(step, self.source.name())?;
+        let target = self.target(step)?;
+        logical::drop_publication(&target.client, &name)
+            .await
+            .at(step, target.name())
     }
 }

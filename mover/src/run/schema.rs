@@ -16,8 +16,10 @@ use serde::Deserialize;
 use shard_directory_protocol::EntityKey;
 use tokio_postgres::Client;
 
-use crate::catalog::{columns_json, primary_key_json, Column, EntityTable};
 use crate::error::{At, Error, Step};
+use crate::shards::catalog::{columns_json, primary_key_json, Column, EntityTable};
+
+use super::Run;
 
 /// One entity table as a shard defines it: what a change of it would make the move carry wrong.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -361,6 +363,38 @@ impl Watch {
             entity: key.clone(),
             changes: found,
         })
+    }
+}
+
+impl Run<'_> {
+    /// DDL on the entity's tables since this run began: fails naming it.
+    pub(super) async fn check_schema(&mut self, step: Step) -> Result<(), Error> {
+        self.target(step)?;
+        let Ok(target) = &self.target else {
+            unreachable!("checked just above")
+        };
+        let source = (&self.source.client, self.source.name());
+        let target = (&target.client, target.name());
+        self.schema.check(source, target, &self.key, step).await
+    }
+
+    /// Under the freeze: DDL found (`result` is [`Error::SchemaChanged`]), or an error DDL
+    /// explains (a column gone from a copy's statement, rows that differ in a retyped column),
+    /// undoes the freeze with the copy kept and stops the move resumable, naming the change,
+    /// where any other error aborts it. A freeze past its budget is left to that path: a check
+    /// it cut off may still hold the sessions.
+    pub(super) async fn unless_ddl(&mut self, result: Result<(), Error>) -> Result<(), Error> {
+        let ddl = match result {
+            Ok(()) => return Ok(()),
+            Err(e @ Error::FreezeExceeded { .. }) => return Err(e),
+            Err(ddl @ Error::SchemaChanged { .. }) => ddl,
+            Err(e) => match self.check_schema(Step::Verify).await {
+                Err(ddl @ Error::SchemaChanged { .. }) => ddl,
+                _ => return Err(e),
+            },
+        };
+        self.thaw().await?;
+        Err(ddl)
     }
 }
 

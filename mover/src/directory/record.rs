@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use tokio_postgres::{GenericClient, Row};
 
-use crate::fence::Fence;
-use crate::phase::Phase;
+use crate::directory::phase::Phase;
+use crate::shards::fence::Fence;
 
 /// How a move carries the rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -339,7 +339,7 @@ pub(crate) async fn finalize(
     Ok(n == 1)
 }
 
-/// A finalize that ends without its source (`way_back.rs`): `done` from `cleaning_up`, the
+/// A finalize that ends without its source (`run/way_back.rs`): `done` from `cleaning_up`, the
 /// source's rows kept as `--keep-source` keeps them (for `purge-source`), and what is left there
 /// in `last_error`. Refused (`false`) unless the move is being finalized.
 pub(crate) async fn finish_without_source(

@@ -87,7 +87,7 @@ pub struct EntityTable {
 }
 
 /// The stored columns (not generated) of the table `c`, in table order: a JSON array of
-/// [`Column`]s. Shared by [`DESCRIBE`] and the schema check (`schema.rs`), which compares them.
+/// [`Column`]s. Shared by [`DESCRIBE`] and the schema check (`run/schema.rs`), which compares them.
 macro_rules! columns_json {
     () => {
         r#"(SELECT coalesce(json_agg(json_build_object(

@@ -24,15 +24,15 @@ use std::time::{Duration, Instant};
 use shard_directory_protocol::EntityKey;
 use tokio_postgres::{Client, Transaction};
 
-use crate::copy::{self, Pace};
+use crate::directory::record::{self, TableProgress};
 use crate::error::{At, Error, Place, Step};
-use crate::fence::{self, Fence};
-use crate::logical;
-use crate::observer::Observer;
-use crate::progress::Rates;
-use crate::record::{self, TableProgress};
-use crate::side::Side;
-use crate::throttle::Throttle;
+use crate::report::observer::Observer;
+use crate::report::progress::Rates;
+use crate::run::cleanup::throttle::Throttle;
+use crate::run::copy::rows::{self, Pace};
+use crate::run::replication::logical;
+use crate::shards::fence::{self, Fence};
+use crate::shards::side::Side;
 
 /// What the comment of a paced move's subscription adds to the move's signature: a run that
 /// finds it while copying knows the copy is the mover's, not the subscription's.
@@ -61,7 +61,7 @@ pub(crate) async fn snapshot_at_slot<'r>(
     .await
     .at(Step::Sync, shard)?;
     let taken = async {
-        let snapshot = copy::snapshot(read, shard, Step::Sync).await?;
+        let snapshot = rows::snapshot(read, shard, Step::Sync).await?;
         let lsn: String = snapshot
             .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
             .await

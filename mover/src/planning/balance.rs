@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 use shard_directory_protocol::EntityKey;
 
 use crate::error::Error;
-use crate::sizes::{Size, Weigh};
-use crate::way_back::{self, WayBack};
+use crate::planning::sizes::{Size, Weigh};
+use crate::run::way_back::{self, WayBack};
 
 /// A shard as the plans see it.
 #[derive(Debug, Clone, PartialEq)]
@@ -418,7 +418,7 @@ pub fn rebalance(
 #[cfg(test)]
 mod unit {
     use super::*;
-    use crate::phase::Phase;
+    use crate::directory::phase::Phase;
 
     fn shard(name: &str, region: Option<&str>) -> ShardInfo {
         ShardInfo {

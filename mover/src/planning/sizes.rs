@@ -16,8 +16,8 @@ use serde::{Deserialize, Serialize};
 use shard_directory_protocol::EntityKey;
 use tokio_postgres::Client;
 
-use crate::catalog;
 use crate::error::{At, Error, Place, Step};
+use crate::shards::catalog;
 
 /// Pages of a table read whole; a larger table is sampled down to about this many.
 const WHOLE_PAGES: i64 = 12_800;

@@ -8,9 +8,9 @@ use tokio_postgres::Client;
 
 use shard_directory_protocol::EntityKey;
 
-use crate::catalog::{EntityTable, ForeignKey};
 use crate::error::{At, Error, Place, Step};
-use crate::tracking::Changed;
+use crate::run::checks::tracking::Changed;
+use crate::shards::catalog::{EntityTable, ForeignKey};
 
 /// A foreign key between two of the entity's tables that does not match key column to key
 /// column, so a row of one entity may reference a row of another.

@@ -6,8 +6,8 @@
 
 use tokio_postgres::Client;
 
-use crate::catalog::EntityTable;
-use crate::record::Method;
+use crate::directory::record::Method;
+use crate::shards::catalog::EntityTable;
 
 /// Functions of the extension the mover calls on a shard.
 const SHARD_FUNCTIONS: &[&str] = &[
@@ -158,7 +158,7 @@ pub(crate) async fn missing_on_shard(
         wanted.extend(referenced(tables));
     }
     missing.extend(missing_grants(client, "TABLE", &wanted).await?);
-    let sequences: Vec<(String, &str)> = crate::sequences::of(tables)
+    let sequences: Vec<(String, &str)> = crate::run::cutover::sequences::of(tables)
         .into_iter()
         .map(|s| (s.to_owned(), "SELECT, UPDATE"))
         .collect();

@@ -12,12 +12,12 @@
 use shard_directory_protocol::EntityKey;
 use tokio_postgres::Client;
 
-use crate::catalog::EntityTable;
 use crate::error::{At, Error, Place, Step};
 use crate::failpoint::point;
-use crate::fence;
-use crate::integrity;
-use crate::throttle::Throttle;
+use crate::preflight::integrity;
+use crate::run::cleanup::throttle::Throttle;
+use crate::shards::catalog::EntityTable;
+use crate::shards::fence;
 
 /// Deletes every row of the entity in `tables` (given parents first), `throttle.batch` rows per
 /// transaction where that is safe, paced by `throttle`; calls `deleted(table, rows so far)` after

@@ -9,9 +9,9 @@ use std::time::Instant;
 
 use futures_util::future::BoxFuture;
 
+use crate::directory::phase::Phase;
 use crate::error::Step;
-use crate::observer::Observer;
-use crate::phase::Phase;
+use crate::report::observer::Observer;
 
 /// An observer that records metrics, then tells the one it wraps.
 pub(crate) struct Metered {

@@ -15,9 +15,9 @@ use shard_directory_protocol::EntityKey;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Client;
 
-use crate::catalog::EntityTable;
 use crate::error::{At, Error, Place, Step};
-use crate::tracking::{Changed, TableChanges};
+use crate::run::checks::tracking::{Changed, TableChanges};
+use crate::shards::catalog::EntityTable;
 
 /// Buckets of primary keys the online check sums separately (a power of two).
 const BUCKETS: i32 = 4096;

@@ -15,11 +15,11 @@ use std::time::Duration;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
-use crate::catalog::{self, EntityTable};
 use crate::error::{At, Error, Step};
-use crate::logical;
-use crate::pgoutput::{self, Message, Relation, Value};
-use crate::side::Side;
+use crate::run::checks::pgoutput::{self, Message, Relation, Value};
+use crate::run::replication::logical;
+use crate::shards::catalog::{self, EntityTable};
+use crate::shards::side::Side;
 
 /// The rows of one table changed since the online check.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

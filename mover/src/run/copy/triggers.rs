@@ -13,9 +13,9 @@
 
 use tokio_postgres::Client;
 
-use crate::catalog::EntityTable;
 use crate::error::{At, Error, Step};
-use crate::privileges;
+use crate::preflight::privileges;
+use crate::shards::catalog::EntityTable;
 
 /// User triggers on INSERT or DELETE (what the copy runs) of the tables and their partitions that
 /// fire on origin or on replica only, so that `session_replication_role` decides whether they

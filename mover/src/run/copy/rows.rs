@@ -15,11 +15,11 @@ use futures_util::{SinkExt, StreamExt};
 use shard_directory_protocol::EntityKey;
 use tokio_postgres::{Client, IsolationLevel, Transaction};
 
-use crate::catalog::{BinaryCopy, EntityTable};
 use crate::error::{At, Error, Place, Step};
 use crate::failpoint::point;
-use crate::fence;
-use crate::triggers;
+use crate::run::copy::triggers;
+use crate::shards::catalog::{BinaryCopy, EntityTable};
+use crate::shards::fence;
 
 /// What a copy does between its rows: reports them, and waits when told to go slower.
 pub(crate) trait Pace {

@@ -3,8 +3,8 @@
 
 use futures_util::future::BoxFuture;
 
+use crate::directory::phase::Phase;
 use crate::error::Step;
-use crate::phase::Phase;
 
 pub trait Observer: Send + Sync {
     /// The move's record now says `phase`. The move goes on when the returned future completes.

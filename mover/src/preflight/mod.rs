@@ -3,26 +3,28 @@
 //! identity), the target's triggers a copy would skip, no rows of the entity on the target yet,
 //! fences a move can start from. Each refusal names the table or shard and the fix.
 
+pub(crate) mod coverage;
+pub(crate) mod integrity;
+pub(crate) mod privileges;
+
 use std::fmt;
 use std::time::Duration;
 
 use shard_directory_protocol::{EntityKey, State};
 use tokio_postgres::Client;
 
-use crate::catalog::{self, EntityTable};
-use crate::coverage;
-use crate::entry::{self, Placement};
+use crate::directory::entry::{self, Placement};
+use crate::directory::record::Method;
+use crate::directory::registry::{self, Overrides};
 use crate::error::{At, Error, Place, Step};
-use crate::fence::{self, Fence};
-use crate::integrity;
 use crate::options::{MethodChoice, MoveOptions};
-use crate::privileges::{self, End};
-use crate::purge;
-use crate::record::Method;
-use crate::registry::{self, Overrides};
-use crate::sequences;
-use crate::side::Side;
-use crate::triggers;
+use crate::preflight::privileges::End;
+use crate::run::cleanup::purge;
+use crate::run::copy::triggers;
+use crate::run::cutover::sequences;
+use crate::shards::catalog::{self, EntityTable};
+use crate::shards::fence::{self, Fence};
+use crate::shards::side::Side;
 
 /// What a move would do, as preflight found it (`--dry-run`).
 #[derive(Debug, Clone)]
@@ -244,14 +246,14 @@ async fn way_back_possible(
 pub(crate) async fn revert(
     directory: &Client,
     overrides: &Overrides,
-    reversible: &crate::record::MoveRecord,
+    reversible: &crate::directory::record::MoveRecord,
 ) -> Result<(Plan, Vec<EntityTable>, Side, Side), Error> {
     let missing = privileges::missing_on_directory(directory)
         .await
         .at(Step::Preflight, Place::Directory)?;
     require_privileges("the directory", missing)?;
     let (id, key) = (reversible.move_id, reversible.entity());
-    if reversible.phase != crate::phase::Phase::Reversible {
+    if reversible.phase != crate::directory::phase::Phase::Reversible {
         return refuse(
             format!("move {id} of {key} is {}, not reversible", reversible.phase),
             "only a move made with --reversible, neither finalized nor reverted, can be              reverted; move the entity back with `shard-directory move`"
@@ -278,8 +280,8 @@ pub(crate) async fn revert(
     };
     method(&source, &target, &tables, &logical).await?;
     matches_on_target(&source, &target, &tables, &key.entity_type, Method::Logical).await?;
-    let name = crate::logical::way_back_name(id);
-    let state = crate::logical::sync_state(&target.client, &name)
+    let name = crate::run::replication::logical::way_back_name(id);
+    let state = crate::run::replication::logical::sync_state(&target.client, &name)
         .await
         .at(Step::Preflight, target.name())?;
     if !state.exists {
@@ -360,7 +362,7 @@ fn require_privileges(place: &str, missing: Vec<String>) -> Result<(), Error> {
 /// Refuses while the entity has a reversible move: its rows still stream back to that move's
 /// source, and only `finalize` or `revert` end that.
 pub(crate) async fn not_reversible(directory: &Client, key: &EntityKey) -> Result<(), Error> {
-    let Some(id) = crate::record::reversible_of(directory, key, None)
+    let Some(id) = crate::directory::record::reversible_of(directory, key, None)
         .await
         .at(Step::Preflight, Place::Directory)?
     else {

@@ -2,8 +2,8 @@
 
 use tokio_postgres::Client;
 
+use crate::directory::registry::{self, Endpoint};
 use crate::error::{At, Error, Place, Step};
-use crate::registry::{self, Endpoint};
 
 pub(crate) struct Side {
     pub endpoint: Endpoint,
