@@ -44,7 +44,8 @@ done
 cargo build -p shard-directory-mover --bin shard-directory --features failpoints
 # --show-output: the proof prints its counts (acked, retried by reason, moves, freeze, the kill).
 cargo test -p shard-directory-e2e -p shard-directory-demo -p shard-directory-client \
-  -p shard-directory-mover -p shard-directory-protocol --features shard-directory-protocol/serde \
+  -p shard-directory-mover -p shard-directory-relay -p shard-directory-connect \
+  -p shard-directory-protocol --features shard-directory-protocol/serde \
   -- --show-output 2>&1 | tee -a "$log"
 
 # pg_regress and the upgrade check on 16, 17 and 18: the suite's clusters made from each tree

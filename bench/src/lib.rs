@@ -166,7 +166,7 @@ pub const RELAY_KEY: &[u8] = b"bench";
 /// its own: one directory session, publishing to that Redis (its URL is the Redis's own).
 pub async fn start_relay(cluster: &Cluster) -> shard_directory_e2e::redis::RedisServer {
     let redis = shard_directory_e2e::redis::RedisServer::start().await;
-    let options = shard_directory_mover::RelayOptions {
+    let options = shard_directory_relay::RelayOptions {
         redis: redis.url(),
         channel: "shard_directory".into(),
         key: RELAY_KEY.to_vec(),
@@ -174,7 +174,7 @@ pub async fn start_relay(cluster: &Cluster) -> shard_directory_e2e::redis::Redis
     };
     let directory = cluster.config("bench");
     tokio::spawn(async move {
-        shard_directory_mover::relay(&directory, &options)
+        shard_directory_relay::relay(&directory, &options)
             .await
             .unwrap()
     });

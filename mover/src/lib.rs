@@ -40,8 +40,10 @@
 //!   rebalance) and `batch` (a plan run, several moves at once);
 //! - around them: `status` (who drives a move, what its slot keeps), `reconcile` (rows on a
 //!   shard the directory does not name), `report/` (the `observer`, `telemetry`, `progress`),
-//!   `patience` (retries within a deadline), `failpoint`, `error`; and the `relay`, which
-//!   republishes the directory's changes to the fleet.
+//!   `patience` (retries within a deadline), `failpoint`, `error`.
+//!
+//! The relay, which republishes the directory's changes to the fleet and moves nothing, lives in
+//! its own crate (`shard-directory-relay`); the CLI runs it as `shard-directory relay`.
 
 mod batch;
 mod directory;
@@ -53,7 +55,6 @@ mod patience;
 mod planning;
 mod preflight;
 mod reconcile;
-mod relay;
 mod report;
 mod run;
 mod shards;
@@ -63,7 +64,7 @@ pub use batch::{BatchMove, BatchOptions, BatchRun, BatchState, BatchStatus, Outc
 pub use directory::entry::{HistoryRow, Placement};
 pub use directory::phase::Phase;
 pub use directory::record::{Method, MoveRecord, TableProgress};
-pub use directory::registry::{with_password, Endpoint, Overrides, ShardOverride};
+pub use directory::registry::{Endpoint, Overrides, ShardOverride};
 pub use error::{Error, Failure, Left, Place, Step};
 pub use mover::Mover;
 pub use options::{MethodChoice, MoveChoices, MoveOptions};
@@ -73,10 +74,11 @@ pub use planning::balance::{
 pub use planning::sizes::{Size, Weigh};
 pub use preflight::Plan;
 pub use reconcile::Stray;
-pub use relay::{relay, RelayOptions, RELAY_APPLICATION_NAME};
 pub use report::observer::{LogObserver, Observer};
 pub use run::schema::SchemaChange;
 pub use run::way_back::WayBack;
+/// libpq's password lookup (`shard_directory_connect`), which the CLI applies to `--directory`.
+pub use shard_directory_connect::with_password;
 /// The protocol's key and state, as the mover's API takes and returns them.
 pub use shard_directory_protocol::{EntityKey, State};
 pub use shards::fence::Fence;

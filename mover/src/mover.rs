@@ -56,7 +56,7 @@ impl Mover {
     /// starts (a resumed move keeps its own method, `max_freeze` and `keep_source`).
     pub fn new(directory: Config, overrides: Overrides, options: MoveOptions) -> Mover {
         Mover {
-            directory: registry::with_password(directory),
+            directory: shard_directory_connect::with_password(directory),
             overrides,
             options,
             observer: Arc::new(Metered::new(Arc::new(LogObserver))),

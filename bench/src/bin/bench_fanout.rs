@@ -31,7 +31,7 @@ use futures_util::StreamExt;
 use shard_directory_bench::{bench_directory, results_dir, setting, sizes, start_relay, RELAY_KEY};
 use shard_directory_client::{Directory, DirectoryConfig, RelayConfig, WATCHER_APPLICATION_NAME};
 use shard_directory_e2e::{Cluster, CpuTimes};
-use shard_directory_mover::RELAY_APPLICATION_NAME;
+use shard_directory_relay::RELAY_APPLICATION_NAME;
 
 fn unix_ns() -> u128 {
     SystemTime::now()

@@ -12,8 +12,8 @@ use shard_directory_e2e::proxy::Proxy;
 use shard_directory_e2e::redis::RedisServer;
 use shard_directory_e2e::topology::connected_directory;
 use shard_directory_e2e::{eventually, reaches, Topology};
-use shard_directory_mover::RELAY_APPLICATION_NAME;
 use shard_directory_protocol::relay::{seal, Change};
+use shard_directory_relay::RELAY_APPLICATION_NAME;
 
 const DEADLINE: Duration = Duration::from_secs(15);
 const KEY: &[u8] = b"the relay's key";

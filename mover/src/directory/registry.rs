@@ -3,16 +3,11 @@
 //! mover takes it from `PGPASSWORD` or the password file (`PGPASSFILE`, else `~/.pgpass`).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::Path;
 
 use serde::Deserialize;
-use std::sync::OnceLock;
-
-use postgres_native_tls::MakeTlsConnector;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
-use tokio_postgres::config::{Host, SslMode};
-use tokio_postgres::{AsyncMessage, Client, Config, NoTls, Notification};
+use shard_directory_connect::{with_password, ConnectError};
+use tokio_postgres::{Client, Config};
 
 use crate::error::{At, Error, Place, Step};
 
@@ -116,232 +111,29 @@ pub(crate) async fn endpoint(
     })
 }
 
-/// What every session of the mover runs with, whatever the server's defaults: the text of a value
-/// (hashed by verification, copied by a text COPY) is then the same on every shard, and names
-/// resolve in `pg_catalog` first, so no object on a user's path runs in the mover's session. The
-/// server side of the connection probes a silent peer every few seconds, so a mover whose host
-/// vanished lets go of its sessions (and the move's lock) within about a minute.
-const SESSION_SETTINGS: &str = "SET TimeZone = 'UTC'; SET DateStyle = 'ISO, YMD'; \
-     SET IntervalStyle = 'postgres'; SET extra_float_digits = 3; SET bytea_output = 'hex'; \
-     SET lc_monetary = 'C'; SET search_path = pg_catalog, pg_temp; \
-     SET tcp_keepalives_idle = 15; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3; \
-     SET client_connection_check_interval = '5s'";
-
-/// Connects with a bounded connect time, TCP keepalives and [`SESSION_SETTINGS`];
-/// `application_name` names the move, so that an abort can find and end the sessions a crashed
-/// run left behind. With `sslmode=require` the connection is TLS, and the server's certificate is
-/// verified against the system's roots or the file `PGSSLROOTCERT` names (stricter than libpq's
-/// `require`, which checks nothing); otherwise it is plain, as `disable` and `prefer` are here.
+/// Connects (`shard_directory_connect::connect`: the password file, `sslmode=require` verified,
+/// a bounded connect time, keepalives, fixed session settings); `application_name` names the
+/// move, so that an abort can find and end the sessions a crashed run left behind.
 pub(crate) async fn connect(
     config: &Config,
     application_name: &str,
     place: Place,
 ) -> Result<Client, Error> {
-    let (config, at) = session(config, application_name, place);
-    let client = if config.get_ssl_mode() == SslMode::Require {
-        let (client, connection) = config.connect(tls()?).await.map_err(&at)?;
-        tokio::spawn(drive(connection));
-        client
-    } else {
-        let (client, connection) = config.connect(NoTls).await.map_err(&at)?;
-        tokio::spawn(drive(connection));
-        client
-    };
-    client.batch_execute(SESSION_SETTINGS).await.map_err(at)?;
-    Ok(client)
-}
-
-/// `config` named `application_name`, with a bounded connect time and TCP keepalives, and how
-/// an error of its connection at `place` reads.
-fn session(
-    config: &Config,
-    application_name: &str,
-    place: Place,
-) -> (Config, impl Fn(tokio_postgres::Error) -> Error) {
-    let mut config = config.clone();
-    config.application_name(application_name);
-    if config.get_connect_timeout().is_none() {
-        config.connect_timeout(Duration::from_secs(10));
-    }
-    config.keepalives(true);
-    let at = move |e| Error::Db {
-        step: Step::Connect,
-        place: place.clone(),
-        source: e,
-    };
-    (config, at)
-}
-
-/// [`connect`], and the session's notifications, for a session that LISTENs (the relay's); the
-/// channel closes when the connection ends.
-pub(crate) async fn connect_listening(
-    config: &Config,
-    application_name: &str,
-) -> Result<(Client, UnboundedReceiver<Notification>), Error> {
-    let (config, at) = session(config, application_name, Place::Directory);
-    let (tx, notifications) = unbounded_channel();
-    let client = if config.get_ssl_mode() == SslMode::Require {
-        let (client, connection) = config.connect(tls()?).await.map_err(&at)?;
-        tokio::spawn(notify(connection, tx));
-        client
-    } else {
-        let (client, connection) = config.connect(NoTls).await.map_err(&at)?;
-        tokio::spawn(notify(connection, tx));
-        client
-    };
-    client.batch_execute(SESSION_SETTINGS).await.map_err(at)?;
-    Ok((client, notifications))
-}
-
-/// Drives `connection`, passing its notifications on.
-async fn notify<S, T>(
-    mut connection: tokio_postgres::Connection<S, T>,
-    tx: UnboundedSender<Notification>,
-) where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-    while let Some(message) = futures_util::StreamExt::next(&mut messages).await {
-        match message {
-            Ok(AsyncMessage::Notification(n)) => {
-                let _ = tx.send(n);
-            }
-            Ok(_) => {}
-            Err(e) => {
-                tracing::debug!(error = %e, "connection closed");
-                return;
-            }
-        }
-    }
-}
-
-async fn drive<F: std::future::Future<Output = Result<(), tokio_postgres::Error>>>(connection: F) {
-    if let Err(e) = connection.await {
-        tracing::debug!(error = %e, "connection closed");
-    }
-}
-
-/// The TLS connector, made once: the system's roots, and every certificate in the file
-/// `PGSSLROOTCERT` names.
-fn tls() -> Result<MakeTlsConnector, Error> {
-    static TLS: OnceLock<Result<MakeTlsConnector, String>> = OnceLock::new();
-    TLS.get_or_init(|| {
-        let mut builder = native_tls::TlsConnector::builder();
-        if let Some(path) = std::env::var_os("PGSSLROOTCERT") {
-            let named = |e: &dyn std::fmt::Display| {
-                format!("PGSSLROOTCERT {}: {e}", Path::new(&path).display())
-            };
-            let pem = std::fs::read_to_string(&path).map_err(|e| named(&e))?;
-            // A bundle: every certificate in the file is a root.
-            const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
-            for block in pem.split(BEGIN).skip(1) {
-                let one = format!("{BEGIN}{block}");
-                let root =
-                    native_tls::Certificate::from_pem(one.as_bytes()).map_err(|e| named(&e))?;
-                builder.add_root_certificate(root);
-            }
-        }
-        let connector = builder.build().map_err(|e| format!("TLS: {e}"))?;
-        Ok(MakeTlsConnector::new(connector))
-    })
-    .clone()
-    .map_err(Error::Config)
-}
-
-/// libpq's password lookup, which tokio-postgres does not do: `PGPASSWORD`, then the first
-/// matching line `host:port:database:user:password` of the password file (`*` matches anything,
-/// `\` escapes `:` and `\`).
-pub fn with_password(mut config: Config) -> Config {
-    if config.get_password().is_some() {
-        return config;
-    }
-    if let Ok(password) = std::env::var("PGPASSWORD") {
-        config.password(password);
-        return config;
-    }
-    let file = std::env::var_os("PGPASSFILE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".pgpass")));
-    let Some(text) = file.and_then(|f| std::fs::read_to_string(f).ok()) else {
-        return config;
-    };
-    let host = match config.get_hosts().first() {
-        Some(Host::Tcp(h)) => h.clone(),
-        _ => "localhost".to_owned(),
-    };
-    let port = config
-        .get_ports()
-        .first()
-        .copied()
-        .unwrap_or(5432)
-        .to_string();
-    let user = config.get_user().unwrap_or_default().to_owned();
-    let dbname = config.get_dbname().unwrap_or(&user).to_owned();
-    if let Some(password) = pgpass_lookup(&text, [&host, &port, &dbname, &user]) {
-        config.password(password);
-    }
-    config
-}
-
-fn pgpass_lookup(text: &str, wanted: [&str; 4]) -> Option<String> {
-    text.lines()
-        .filter(|l| !l.trim_start().starts_with('#'))
-        .find_map(|line| {
-            let fields = split_pgpass_line(line);
-            let [host, port, db, user, password] = fields.as_slice() else {
-                return None;
-            };
-            [host, port, db, user]
-                .iter()
-                .zip(wanted)
-                .all(|(field, want)| *field == "*" || *field == want)
-                .then(|| password.clone())
+    shard_directory_connect::connect(config, application_name)
+        .await
+        .map_err(|e| match e {
+            ConnectError::Tls(why) => Error::Config(why),
+            ConnectError::Db(source) => Error::Db {
+                step: Step::Connect,
+                place,
+                source,
+            },
         })
-}
-
-fn split_pgpass_line(line: &str) -> Vec<String> {
-    let mut fields = vec![String::new()];
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => fields.last_mut().unwrap().extend(chars.next()),
-            ':' if fields.len() < 5 => fields.push(String::new()),
-            c => fields.last_mut().unwrap().push(c),
-        }
-    }
-    fields
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn pgpass_matches_like_libpq() {
-        let file = "# comment\n\
-                    db1.internal:5432:app:mover:first\n\
-                    *:5433:*:mover:wild\\:card\n\
-                    *:*:*:*:fallback\n";
-        let get = |h, p, d, u| pgpass_lookup(file, [h, p, d, u]);
-        assert_eq!(
-            get("db1.internal", "5432", "app", "mover").as_deref(),
-            Some("first")
-        );
-        assert_eq!(
-            get("db2.internal", "5433", "x", "mover").as_deref(),
-            Some("wild:card")
-        );
-        assert_eq!(
-            get("db1.internal", "5432", "other", "mover").as_deref(),
-            Some("fallback")
-        );
-        assert_eq!(
-            pgpass_lookup("h:1:d:u\n", ["h", "1", "d", "u"]),
-            None,
-            "four fields"
-        );
-    }
 
     #[test]
     fn overrides_come_from_toml_and_unknown_keys_are_refused() {

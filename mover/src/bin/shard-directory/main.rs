@@ -24,7 +24,7 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use serde_json::json;
 use shard_directory_mover::{
     with_password, Error, Failure, Left, MethodChoice, MoveOptions, MoveRecord, Mover, Observer,
-    Overrides, Phase, RelayOptions,
+    Overrides, Phase,
 };
 use shard_directory_protocol::EntityKey;
 
@@ -976,13 +976,13 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
                     key_file.display()
                 )));
             }
-            let options = RelayOptions {
+            let options = shard_directory_relay::RelayOptions {
                 redis,
                 channel,
                 key,
                 heartbeat,
             };
-            shard_directory_mover::relay(&with_password(directory), &options)
+            shard_directory_relay::relay(&with_password(directory), &options)
                 .await
                 .map_err(|e| Outcome::Usage(format!("--redis: {e}")))?;
         }

@@ -1,4 +1,4 @@
-//! `shard-directory relay`: one directory session republishes the directory's changes to the
+//! `shard-directory-relay`, run as `shard-directory relay`: one directory session republishes the directory's changes to the
 //! clients through Redis pub/sub, so that a thousand application instances need not each hold a
 //! LISTEN connection and read `changes_since` on every change. The session LISTENs and, on each
 //! notification and every `heartbeat`, reads the version and what changed since the last read
@@ -13,8 +13,6 @@ use redis::AsyncCommands;
 use shard_directory_protocol::relay::{seal, Change};
 use shard_directory_protocol::CHANNEL;
 use tokio_postgres::Client;
-
-use crate::directory::registry;
 
 /// Where and how the relay publishes.
 #[derive(Debug, Clone)]
@@ -59,9 +57,9 @@ async fn session(
     failures: &mut u32,
 ) -> String {
     let (client, mut notifications) =
-        match registry::connect_listening(directory, RELAY_APPLICATION_NAME).await {
+        match shard_directory_connect::connect_listening(directory, RELAY_APPLICATION_NAME).await {
             Ok(c) => c,
-            Err(e) => return e.to_string(),
+            Err(e) => return format!("connect to the directory: {e}"),
         };
     let mut publisher = match redis.get_multiplexed_async_connection().await {
         Ok(p) => p,
