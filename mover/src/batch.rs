@@ -32,7 +32,7 @@ use crate::error::{At, Error, Failure, Place, Step};
 use crate::failpoint::point;
 use crate::mover::Mover;
 use crate::options::MoveChoices;
-use crate::patience;
+use crate::patience::{Retry, Verdict, Wait};
 use crate::planning::balance::{BatchPlan, Fleet, Placed, PlannedMove, ShardInfo};
 use crate::planning::budget;
 use crate::planning::sizes;
@@ -581,22 +581,31 @@ impl<'m> Session<'m> {
         call: impl AsyncFn(&Client) -> Result<T, Error>,
     ) -> Result<T, Error> {
         let (batch_id, patience) = (self.batch_id, self.mover.options.directory_patience);
+        let mut retry = Retry::new(Wait {
+            patience,
+            from_call: false,
+            whole_pauses: false,
+        });
         let mut warned = false;
-        let called = patience::retry(patience, Error::lost_directory, async || {
-            let result = self.attempt(&call).await;
-            match &result {
-                Err(e) if e.lost_directory() && !std::mem::replace(&mut warned, true) => {
-                    tracing::warn!(
-                        "batch {batch_id}: the directory stopped answering ({e}); trying again \
-                         for up to {}",
-                        humantime::format_duration(patience)
-                    )
-                }
-                _ => {}
+        let called = loop {
+            let error = match self.attempt(&call).await {
+                Err(e) => e,
+                done => break done,
+            };
+            if !error.lost_directory() {
+                break Err(error);
             }
-            result
-        })
-        .await;
+            if !std::mem::replace(&mut warned, true) {
+                tracing::warn!(
+                    "batch {batch_id}: the directory stopped answering ({error}); trying again \
+                     for up to {}",
+                    humantime::format_duration(patience)
+                )
+            }
+            if !retry.again(Verdict::Again).await {
+                break Err(error);
+            }
+        };
         called.map_err(|e| match e.lost_directory() {
             true => Error::BatchStopped {
                 batch_id,

@@ -23,7 +23,7 @@ use crate::directory::registry::{self, Overrides};
 use crate::error::{At, Error, Failure, Place, Step};
 use crate::failpoint::point;
 use crate::options::MoveOptions;
-use crate::patience::Patience;
+use crate::patience::{Retry, Verdict, Wait};
 use crate::preflight::{preflight, Plan};
 use crate::reconcile::Stray;
 use crate::report::observer::{LogObserver, Observer};
@@ -113,9 +113,15 @@ impl Mover {
         target: &str,
         batch_id: Option<i64>,
     ) -> Result<MoveRecord, Failure> {
-        let mut patience = Patience::new(self.options.directory_patience);
+        let mut retry = Retry::new(Wait {
+            patience: self.options.directory_patience,
+            from_call: true,
+            whole_pauses: false,
+        });
         let mut warned = false;
         loop {
+            // Only a start that stopped before its move was recorded (no move id) is started
+            // again; a recorded one waits out its outages as every move does.
             let failure = match self.start_once(key, target, batch_id).await {
                 Err(f) if f.move_id.is_none() && f.error.lost_directory() => f,
                 ran => return self.through_outages(ran).await,
@@ -124,7 +130,7 @@ impl Mover {
                 tracing::warn!(entity = %key, error = %failure.error,
                     "the directory stopped answering before the move was recorded; starting once it answers");
             }
-            if !patience.pause().await {
+            if !retry.again(Verdict::Again).await {
                 return Err(failure);
             }
             // The move may have been recorded before the directory went, unacknowledged: an
@@ -353,25 +359,34 @@ impl Mover {
         mut ran: Result<MoveRecord, Failure>,
     ) -> Result<MoveRecord, Failure> {
         let patience = self.options.directory_patience;
-        let mut outage: Option<(Option<Phase>, Patience)> = None;
+        if patience.is_zero() {
+            return ran;
+        }
+        let mut retry = Retry::new(Wait {
+            patience,
+            from_call: false,
+            whole_pauses: false,
+        });
+        // The phase the current outage stopped the move in; a resume that stopped in another
+        // phase met a new outage, with a patience of its own.
+        let mut outage: Option<Option<Phase>> = None;
         loop {
-            // Busy while resuming after an outage: the lock may still be held by a session the
-            // server has not yet found gone (not this process's: `lock_move` ends those).
             let failure = match ran {
-                Err(failure)
-                    if !patience.is_zero()
-                        && (failure.lost_directory()
-                            || outage.is_some() && matches!(failure.error, Error::Busy { .. })) =>
-                {
-                    failure
-                }
+                Err(failure) => failure,
                 done => return done,
             };
+            // Busy while resuming after an outage: the lock may still be held by a session the
+            // server has not yet found gone (not this process's: `lock_move` ends those).
+            let busy = outage.is_some() && matches!(failure.error, Error::Busy { .. });
+            if !failure.lost_directory() && !busy {
+                return Err(failure);
+            }
             let move_id = failure.move_id.expect("a lost directory names its move");
             // A resume that could not read the record knows no phase: the same outage.
-            let (phase, mut waiting) = match outage.take() {
-                Some((phase, waiting)) if failure.phase.is_none_or(|p| Some(p) == phase) => {
-                    (failure.phase.or(phase), waiting)
+            let verdict = match outage {
+                Some(phase) if failure.phase.is_none_or(|p| Some(p) == phase) => {
+                    outage = Some(failure.phase.or(phase));
+                    Verdict::Again
                 }
                 _ => {
                     self.observer.note(
@@ -382,13 +397,13 @@ impl Mover {
                             failure.error
                         ),
                     );
-                    (failure.phase, Patience::new(patience))
+                    outage = Some(failure.phase);
+                    Verdict::Anew
                 }
             };
-            if !waiting.pause().await {
+            if !retry.again(verdict).await {
                 return Err(failure);
             }
-            outage = Some((phase, waiting));
             ran = self.resume_once(move_id).await;
         }
     }

@@ -1,13 +1,13 @@
 //! Trying again within a patience: pauses of 100 ms, doubling up to 2 s, until a deadline. The
-//! fence changes wait this way for checked transactions, and moves and batches for their
-//! directory.
+//! one schedule ([`Retry`]) that fence changes wait in for checked transactions, moves and batches
+//! for their directory, and an abort for the connections it lost.
 
 use std::time::Duration;
 
 // tokio's clock: the same as std's, except in a test that pauses it.
 use tokio::time::Instant;
 
-pub(crate) struct Patience {
+struct Patience {
     deadline: Instant,
     pause: Duration,
 }
@@ -37,23 +37,68 @@ impl Patience {
     }
 }
 
-/// Runs `attempt` until it succeeds or fails with an error `passing` does not accept; a passing
-/// error is tried again after a pause, for up to `patience` from the first one, and then returned.
-pub(crate) async fn retry<T, E>(
-    patience: Duration,
-    passing: impl Fn(&E) -> bool,
-    mut attempt: impl AsyncFnMut() -> Result<T, E>,
-) -> Result<T, E> {
-    let mut waiting: Option<Patience> = None;
-    loop {
-        let error = match attempt().await {
-            Err(e) if passing(&e) => e,
-            done => return done,
-        };
-        let waiting = waiting.get_or_insert_with(|| Patience::new(patience));
-        if !waiting.pause().await {
-            return Err(error);
+/// How long a [`Retry`] keeps trying.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Wait {
+    pub patience: Duration,
+    /// The patience counts from the call (the first attempt's own time is in it), or else from
+    /// the first failure.
+    pub from_call: bool,
+    /// Only pauses that end before the deadline, for an attempt that itself waits (a fence
+    /// change behind its lock timeout); or else the last pause cut at the deadline.
+    pub whole_pauses: bool,
+}
+
+/// What a failed attempt means to a [`Retry`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Not worth another try: the error is returned.
+    Final,
+    /// Tried again after a pause, within the patience already running.
+    Again,
+    /// A new trouble (another outage): tried again, the patience counting from now.
+    Anew,
+}
+
+/// The one retry schedule every waiting caller keeps: after each failed attempt,
+/// [`Retry::again`] says whether to try again, having paused. A caller's loop is then
+///
+/// ```text
+/// let mut retry = Retry::new(wait);
+/// loop {
+///     let error = match attempt().await { Err(e) => e, done => return done };
+///     if !retry.again(judge(&error)).await { return Err(error); }
+/// }
+/// ```
+///
+/// (a state, not a function taking the attempt as a closure: an attempt that borrows its caller
+/// mutably, or a future that must stay `Send`, needs no closure tricks).
+pub(crate) struct Retry {
+    wait: Wait,
+    patience: Option<Patience>,
+}
+
+impl Retry {
+    pub fn new(wait: Wait) -> Retry {
+        Retry {
+            patience: wait.from_call.then(|| Patience::new(wait.patience)),
+            wait,
         }
+    }
+
+    /// After an attempt that failed as `verdict` says: false when the error is final or the
+    /// patience is spent (return the error then), else true once the next pause is over.
+    pub async fn again(&mut self, verdict: Verdict) -> bool {
+        let patience = self.wait.patience;
+        let waiting = match verdict {
+            Verdict::Final => return false,
+            Verdict::Again => self.patience.get_or_insert_with(|| Patience::new(patience)),
+            Verdict::Anew => self.patience.insert(Patience::new(patience)),
+        };
+        if self.wait.whole_pauses && !waiting.fits() {
+            return false;
+        }
+        waiting.pause().await
     }
 }
 
@@ -80,49 +125,117 @@ mod tests {
         assert!(Patience::new(Duration::from_millis(101)).fits());
     }
 
+    /// The loop every caller writes, for the tests.
+    async fn retry<T, E: Copy>(
+        wait: Wait,
+        judge: impl Fn(&E) -> Verdict,
+        mut attempt: impl AsyncFnMut(Option<E>) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let mut retry = Retry::new(wait);
+        let mut last = None;
+        loop {
+            let error = match attempt(last).await {
+                Err(e) => e,
+                done => return done,
+            };
+            if !retry.again(judge(&error)).await {
+                return Err(error);
+            }
+            last = Some(error);
+        }
+    }
+
+    fn lost(e: &&str) -> Verdict {
+        if *e == "lost" {
+            Verdict::Again
+        } else {
+            Verdict::Final
+        }
+    }
+
+    const FROM_FIRST_FAILURE: Wait = Wait {
+        patience: Duration::from_secs(1),
+        from_call: false,
+        whole_pauses: false,
+    };
+
     #[tokio::test(start_paused = true)]
     async fn retry_tries_again_while_passing_and_for_the_patience_from_the_first_failure() {
         let started = tokio::time::Instant::now();
         let mut tries = 0;
-        // Fails twice passing, then succeeds.
-        let done: Result<u32, &str> = retry(
-            Duration::from_secs(1),
-            |e| *e == "lost",
-            async || {
-                tries += 1;
-                if tries < 3 {
-                    Err("lost")
-                } else {
-                    Ok(tries)
-                }
-            },
-        )
+        // Fails twice passing, then succeeds; each attempt sees the error before it.
+        let mut seen = Vec::new();
+        let done: Result<u32, &str> = retry(FROM_FIRST_FAILURE, lost, async |last| {
+            seen.push(last);
+            tries += 1;
+            if tries < 3 {
+                Err("lost")
+            } else {
+                Ok(tries)
+            }
+        })
         .await;
         assert_eq!(done, Ok(3));
+        assert_eq!(seen, [None, Some("lost"), Some("lost")]);
         assert_eq!((tokio::time::Instant::now() - started).as_millis(), 300);
         // Another error is returned at once.
-        let other: Result<(), &str> = retry(
-            Duration::from_secs(1),
-            |e| *e == "lost",
-            async || Err("other"),
-        )
-        .await;
+        let other: Result<(), &str> = retry(FROM_FIRST_FAILURE, lost, async |_| Err("other")).await;
         assert_eq!(other, Err("other"));
         // The patience counts from the first failure, not from the call.
         let started = tokio::time::Instant::now();
         let mut first = true;
-        let given_up: Result<(), &str> = retry(
-            Duration::from_secs(1),
-            |_| true,
-            async || {
-                if std::mem::replace(&mut first, false) {
-                    tokio::time::sleep(Duration::from_secs(5)).await;
-                }
-                Err("lost")
-            },
-        )
+        let given_up: Result<(), &str> = retry(FROM_FIRST_FAILURE, lost, async |_| {
+            if std::mem::replace(&mut first, false) {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+            Err("lost")
+        })
         .await;
         assert_eq!(given_up, Err("lost"));
         assert_eq!((tokio::time::Instant::now() - started).as_millis(), 6_000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_from_the_call_with_whole_pauses_and_anew_for_a_new_trouble() {
+        // From the call: a first attempt of 700 ms leaves 300 ms, whole pauses only: the 100 ms
+        // pause fits, the 200 ms one after it would end at the deadline, not before it.
+        let started = tokio::time::Instant::now();
+        let mut first = true;
+        let wait = Wait {
+            patience: Duration::from_secs(1),
+            from_call: true,
+            whole_pauses: true,
+        };
+        let given_up: Result<(), &str> = retry(wait, lost, async |_| {
+            if std::mem::replace(&mut first, false) {
+                tokio::time::sleep(Duration::from_millis(700)).await;
+            }
+            Err("lost")
+        })
+        .await;
+        assert_eq!(given_up, Err("lost"));
+        assert_eq!((tokio::time::Instant::now() - started).as_millis(), 800);
+        // Anew: each new trouble gets the whole patience again.
+        let started = tokio::time::Instant::now();
+        let mut tries = 0;
+        let anew: Result<(), u32> = retry(
+            FROM_FIRST_FAILURE,
+            |e| {
+                if *e % 5 == 0 {
+                    Verdict::Anew
+                } else {
+                    Verdict::Again
+                }
+            },
+            async |_| {
+                tries += 1;
+                Err(tries)
+            },
+        )
+        .await;
+        // 100, 200, 400 and what is left of 1 s (300); the fifth failure is a new trouble with
+        // a whole second of its own; the ninth finds it spent.
+        assert_eq!(anew, Err(9));
+        assert_eq!((tokio::time::Instant::now() - started).as_millis(), 2_000);
     }
 }

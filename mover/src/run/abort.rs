@@ -4,7 +4,7 @@
 use crate::directory::phase::Phase;
 use crate::error::{Error, Step};
 use crate::failpoint::point;
-use crate::patience::Patience;
+use crate::patience::{Retry, Verdict, Wait};
 
 use super::directory_steps::DirectoryStep;
 use super::Run;
@@ -17,26 +17,41 @@ impl Run<'_> {
     /// deleted, its fence as it was. A connection lost on the way (a server restarted, a
     /// session ended) is made again and the abort goes on, for up to `--fence-wait`.
     pub(crate) async fn abort(&mut self) -> Result<(), Error> {
-        let mut patience = Patience::new(self.options.fence_patience);
+        let mut retry = Retry::new(Wait {
+            patience: self.options.fence_patience,
+            from_call: true,
+            whole_pauses: false,
+        });
+        // The error that lost a connection, once the abort has lost one: connect again (after
+        // each pause, while the servers are still away), then go on.
+        let mut lost: Option<Error> = None;
         loop {
-            let lost = match self.abort_once().await {
-                Err(e) if e.lost_connection() => e,
-                done => return done,
-            };
-            loop {
-                if !patience.pause().await {
-                    return Err(lost);
-                }
+            if let Some(error) = lost.take() {
                 match self.reconnect().await {
-                    Ok(()) => break,
-                    Err(e) if e.lost_connection() => {}
+                    Ok(()) => self.observer.note(
+                        self.id(),
+                        &format!(
+                            "the abort lost a connection ({error}); connected again, going on"
+                        ),
+                    ),
+                    Err(e) if e.lost_connection() => {
+                        if !retry.again(Verdict::Again).await {
+                            return Err(error);
+                        }
+                        lost = Some(error);
+                        continue;
+                    }
                     Err(e) => return Err(e),
                 }
             }
-            self.observer.note(
-                self.id(),
-                &format!("the abort lost a connection ({lost}); connected again, going on"),
-            );
+            let error = match self.abort_once().await {
+                Err(e) if e.lost_connection() => e,
+                done => return done,
+            };
+            if !retry.again(Verdict::Again).await {
+                return Err(error);
+            }
+            lost = Some(error);
         }
     }
 

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use shard_directory_protocol::EntityKey;
 use tokio_postgres::Client;
 
-use crate::patience::Patience;
+use crate::patience::{Retry, Verdict, Wait};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
@@ -204,18 +204,27 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<(), tokio_postgres::Error>>,
 {
-    let mut patience = Patience::new(patience);
+    // From the call, whole pauses only: the change's own lock wait comes on top of each pause.
+    let wait = Wait {
+        patience,
+        from_call: true,
+        whole_pauses: true,
+    };
+    let judge = |e: &tokio_postgres::Error| {
+        if e.code() != Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) {
+            return Verdict::Final;
+        }
+        tracing::info!(error = %e, "a fence change waited for checked transactions");
+        Verdict::Again
+    };
+    let mut retry = Retry::new(wait);
     loop {
-        match change().await {
-            // Not past the patience: the caller's lock timeout comes on top of the pause.
-            Err(e)
-                if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE)
-                    && patience.fits() =>
-            {
-                tracing::info!(error = %e, "a fence change waited for checked transactions; retrying");
-                patience.pause().await;
-            }
-            other => return other,
+        let error = match change().await {
+            Err(e) => e,
+            done => return done,
+        };
+        if !retry.again(judge(&error)).await {
+            return Err(error);
         }
     }
 }
