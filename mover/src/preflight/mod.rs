@@ -10,6 +10,7 @@ pub(crate) mod privileges;
 use std::fmt;
 use std::time::Duration;
 
+use serde::Serialize;
 use shard_directory_protocol::{EntityKey, State};
 use tokio_postgres::Client;
 
@@ -27,7 +28,7 @@ use crate::shards::fence::{self, Fence};
 use crate::shards::side::Side;
 
 /// What a move would do, as preflight found it (`--dry-run`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Plan {
     pub entity: EntityKey,
     pub source: String,

@@ -8,25 +8,25 @@
 //! SIGINT or SIGTERM during `move` or `resume` stops the run: before the cutover the move is
 //! aborted (the entity writable on its source again), after it the move is finished.
 
-use std::collections::HashMap;
-use std::future::Future;
-use std::io::IsTerminal;
+mod cleanup;
+mod inspect;
+mod many;
+mod moves;
+mod output;
+mod progress;
+mod relay;
+mod verify;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-
-mod many;
-use futures_util::future::BoxFuture;
-use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
-use serde_json::json;
-use shard_directory_mover::{
-    with_password, Error, Failure, Left, MethodChoice, MoveOptions, MoveRecord, Mover, Observer,
-    Overrides, Phase,
-};
+use shard_directory_mover::{MethodChoice, MoveOptions, Mover, Overrides};
 use shard_directory_protocol::EntityKey;
+
+use output::{Outcome, Print};
+use progress::Progress;
 
 #[derive(Parser)]
 #[command(
@@ -82,7 +82,7 @@ struct Tuning {
     /// target_session_attrs=read-write), then goes on from its record. 0s: it stops, resumable.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "60s", global = true)]
     directory_patience: Duration,
-    /// Print the result as JSON on stdout (move, resume, abort, purge-source).
+    /// Print the result as one JSON value on stdout (every command but relay).
     #[arg(long, global = true)]
     json: bool,
     /// Serve the moves' metrics (phases, freezes, rows, lag, retained WAL) as Prometheus text
@@ -213,7 +213,7 @@ enum Command {
     /// A batch of moves (`move --from-file`, `--apply`): status, pause, resume, abort.
     Batch {
         #[command(subcommand)]
-        what: BatchWhat,
+        what: many::BatchWhat,
     },
     /// Continue a move from where it stopped.
     Resume { move_id: i64 },
@@ -257,23 +257,7 @@ enum Command {
     Cleanup,
     /// Republish the directory's changes to the clients through Redis pub/sub, sealed with a
     /// shared key, from one directory session; runs until stopped.
-    Relay {
-        /// The Redis to publish to: redis://[user:password@]host:port/db, a user allowed to
-        /// PUBLISH on the channel.
-        #[arg(long, env = "SHARD_DIRECTORY_RELAY_REDIS")]
-        redis: String,
-        /// The pub/sub channel (the clients' RelayConfig::channel).
-        #[arg(long, default_value = "shard_directory")]
-        channel: String,
-        /// A file holding the key the messages are sealed with (without a trailing newline; the
-        /// clients' RelayConfig::key).
-        #[arg(long)]
-        key_file: PathBuf,
-        /// How often the relay reads and publishes the version when nothing is notified (the
-        /// clients take the relay for gone after a few missed).
-        #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
-        heartbeat: Duration,
-    },
+    Relay(relay::RelayArgs),
     /// Delete the rows a finished `move --keep-source` left on its source.
     PurgeSource { move_id: i64 },
     /// Reconcile without moving (exit 5 when something is found).
@@ -281,18 +265,6 @@ enum Command {
         #[command(subcommand)]
         what: VerifyWhat,
     },
-}
-
-#[derive(Subcommand)]
-enum BatchWhat {
-    /// The batch and where each of its moves stands.
-    Status { batch_id: i64 },
-    /// Start no more of its moves; those under way go on to their end.
-    Pause { batch_id: i64 },
-    /// Run it again from where it stopped (paused, or its runner killed).
-    Resume { batch_id: i64 },
-    /// Abort its open moves (finish those past their cutover) and start no more.
-    Abort { batch_id: i64 },
 }
 
 #[derive(Subcommand)]
@@ -312,316 +284,6 @@ enum VerifyWhat {
         #[arg(long)]
         against: String,
     },
-}
-
-/// Progress bars on a terminal, plain lines otherwise: one per phase, per finished table, per
-/// change of the replication lag (at most one a second).
-struct Progress {
-    bars: Option<MultiProgress>,
-    /// A bar per table of each move (a plan runs several at once).
-    tables: Mutex<HashMap<(i64, String), ProgressBar>>,
-    lag_shown: Mutex<Option<(Instant, i64)>>,
-    /// The move this process runs, once it has an id.
-    move_id: Mutex<Option<i64>>,
-    /// Its phase, as last reported.
-    phase: Mutex<Option<Phase>>,
-}
-
-impl Progress {
-    fn new() -> Progress {
-        Progress {
-            bars: std::io::stderr().is_terminal().then(MultiProgress::new),
-            tables: Mutex::default(),
-            lag_shown: Mutex::default(),
-            move_id: Mutex::default(),
-            phase: Mutex::default(),
-        }
-    }
-
-    fn line(&self, message: &str) {
-        let stamp = humantime::format_rfc3339_millis(SystemTime::now());
-        match &self.bars {
-            Some(bars) => {
-                let _ = bars.println(message);
-            }
-            None => eprintln!("{stamp} {message}"),
-        }
-    }
-
-    fn move_id(&self) -> Option<i64> {
-        *self.move_id.lock().expect("progress lock")
-    }
-}
-
-impl Observer for Progress {
-    fn phase(&self, move_id: i64, phase: Phase) -> BoxFuture<'_, ()> {
-        *self.move_id.lock().expect("progress lock") = Some(move_id);
-        *self.phase.lock().expect("progress lock") = Some(phase);
-        self.line(&format!("move {move_id}: {phase}"));
-        Box::pin(std::future::ready(()))
-    }
-
-    fn rows(&self, move_id: i64, table: &str, done: i64, total: i64) {
-        let Some(bars) = &self.bars else {
-            if done == total {
-                self.line(&format!("move {move_id}: {table}: {done}/{total} rows"));
-            }
-            return;
-        };
-        let mut tables = self.tables.lock().expect("progress lock");
-        let bar = tables
-            .entry((move_id, table.to_owned()))
-            .or_insert_with(|| {
-                let bar = bars.add(ProgressBar::new(total.max(0) as u64));
-                bar.set_style(
-                    ProgressStyle::with_template(
-                        "{prefix:>24} [{bar:30}] {pos}/{len} rows, {per_sec}, eta {eta}",
-                    )
-                    .expect("a valid template")
-                    .progress_chars("=> "),
-                );
-                bar.set_prefix(format!("{move_id} {table}"));
-                bar
-            });
-        bar.set_length(total.max(done).max(0) as u64);
-        bar.set_position(done.max(0) as u64);
-    }
-
-    fn lag(&self, move_id: i64, bytes: i64) {
-        let mut shown = self.lag_shown.lock().expect("progress lock");
-        if shown.is_some_and(|(at, last)| last == bytes || at.elapsed() < Duration::from_secs(1)) {
-            return;
-        }
-        *shown = Some((Instant::now(), bytes));
-        self.line(&format!("move {move_id}: replication lag {bytes} bytes"));
-    }
-
-    fn note(&self, move_id: i64, message: &str) {
-        self.line(&format!("move {move_id}: {message}"));
-    }
-}
-
-/// A move in lines; `streaming`, when known (`status` of one move reads its slot), whether a
-/// reversible move's way back streams.
-fn summary(r: &MoveRecord, streaming: Option<bool>) -> String {
-    let freeze = r.freeze_time().map_or("-".to_owned(), |d| {
-        humantime::format_duration(d).to_string()
-    });
-    let mut s = format!(
-        "move {} {}: {}/{} {} -> {} by {}, cutover version {}, freeze {freeze}",
-        r.move_id,
-        r.phase,
-        r.entity_type,
-        r.entity_id,
-        r.source_shard,
-        r.target_shard,
-        r.method.as_str(),
-        r.cutover_version.map_or("-".to_owned(), |v| v.to_string()),
-    );
-    for (table, p) in &r.tables {
-        s.push_str(&format!(
-            "\n  {table}: {} rows, copied {}, verified {}, deleted on source {}",
-            p.rows,
-            p.copied,
-            p.verified.map_or("-".to_owned(), |v| v.to_string()),
-            p.deleted
-        ));
-        if let (Some(rate), Some(eta), false) =
-            (p.rows_per_second, p.eta_seconds, r.phase.is_finished())
-        {
-            s.push_str(&format!(" ({rate} rows/s, {eta} s left)"));
-        }
-    }
-    if r.phase == Phase::Reversible {
-        let until = r
-            .reversible_until
-            .as_deref()
-            .map_or(String::new(), |u| format!(" until {u}"));
-        let way_back = match streaming {
-            Some(true) => format!("its rows stream back to {}", r.source_shard),
-            Some(false) => format!(
-                "its way back to {} is not streaming: {}'s rows fall behind until it streams \
-                 again, and {} keeps the WAL it needs",
-                r.source_shard, r.source_shard, r.target_shard
-            ),
-            None => format!("a way back keeps {}'s rows", r.source_shard),
-        };
-        s.push_str(&format!(
-            "\n  reversible{until}: {way_back}; `revert {}` takes it back, `finalize {}` ends that",
-            r.move_id, r.move_id
-        ));
-    }
-    if let Some(reversible) = r.reverses {
-        s.push_str(&format!("\n  reverts move {reversible}"));
-    }
-    if let Some(e) = &r.last_error {
-        s.push_str(&format!("\n  last error: {e}"));
-    }
-    s
-}
-
-fn json<T: serde::Serialize>(value: &T) -> String {
-    serde_json::to_string_pretty(value).expect("plain data serialises")
-}
-
-/// How the command ended, and the exit code that says so.
-enum Outcome {
-    Done,
-    /// Exit code and message.
-    Failed(u8, String),
-    Usage(String),
-}
-
-/// The exit code of a move that failed: 4 busy, else as it was left.
-fn exit_code(f: &Failure) -> u8 {
-    match (&f.error, f.left) {
-        (Error::Busy { .. }, _) => 4,
-        (_, Left::Untouched | Left::Aborted) => 1,
-        (_, Left::Resumable | Left::Released) => 3,
-    }
-}
-
-/// How a failed move was left, as `--json` says it.
-fn left_name(left: Left) -> &'static str {
-    match left {
-        Left::Untouched => "untouched",
-        Left::Aborted => "aborted",
-        Left::Released => "released",
-        Left::Resumable => "resumable",
-    }
-}
-
-/// The exit code of an error that ended a command.
-fn error_code(e: &Error) -> u8 {
-    match e {
-        Error::Config(_) => 2,
-        Error::Busy { .. } | Error::BatchBusy { .. } => 4,
-        // A batch's runner stopped, its moves left where they were, resumable.
-        Error::BatchStopped { .. } => 3,
-        _ => 1,
-    }
-}
-
-impl From<Error> for Outcome {
-    fn from(e: Error) -> Outcome {
-        match error_code(&e) {
-            2 => Outcome::Usage(e.to_string()),
-            code => Outcome::Failed(code, e.to_string()),
-        }
-    }
-}
-
-impl From<Failure> for Outcome {
-    fn from(f: Failure) -> Outcome {
-        Outcome::Failed(exit_code(&f), f.to_string())
-    }
-}
-
-/// A move's outcome, printed as `--json` asks: the record, or what failed and how it was left.
-fn report(result: Result<MoveRecord, Failure>, as_json: bool) -> Result<(), Outcome> {
-    match (result, as_json) {
-        (Ok(record), false) => {
-            println!("{}", summary(&record, None));
-            Ok(())
-        }
-        (Ok(record), true) => {
-            println!("{}", json(&record));
-            Ok(())
-        }
-        (Err(failure), false) => Err(failure.into()),
-        (Err(failure), true) => {
-            println!(
-                "{}",
-                json(&json!({
-                    "error": failure.error.to_string(),
-                    "left": left_name(failure.left),
-                    "move_id": failure.move_id,
-                    "phase": failure.phase.map(|p| p.as_str()),
-                    "abort_error": failure.abort_error.as_ref().map(|e| e.to_string()),
-                }))
-            );
-            Err(failure.into())
-        }
-    }
-}
-
-/// Resolves when the process is asked to stop (SIGINT, SIGTERM).
-async fn interrupted() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (mut int, mut term) = match (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) {
-        (Ok(int), Ok(term)) => (int, term),
-        _ => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = int.recv() => {}
-        _ = term.recv() => {}
-    }
-}
-
-/// Runs a move to its end, unless the process is asked to stop: then the run is dropped (its
-/// sessions end, and its lock with them) and the move is aborted if it has not passed its
-/// cutover, or finished if it has.
-async fn run_to_the_end(
-    mover: &Mover,
-    progress: &Progress,
-    key: Option<&EntityKey>,
-    work: impl Future<Output = Result<MoveRecord, Failure>>,
-) -> Result<MoveRecord, Failure> {
-    let untouched = |e| Failure {
-        move_id: None,
-        error: e,
-        left: Left::Untouched,
-        phase: None,
-        abort_error: None,
-    };
-    tokio::select! {
-        result = work => return result,
-        () = interrupted() => {}
-    }
-    progress.line("interrupted: stopping the move");
-    let id = match progress.move_id() {
-        Some(id) => Some(id),
-        // Interrupted before the first phase was reported: the move may have begun all the same.
-        None => match key {
-            Some(key) => mover
-                .list(true, None)
-                .await
-                .map_err(untouched)?
-                .into_iter()
-                .find(|r| r.entity() == *key && r.phase != Phase::Reversible)
-                .map(|r| r.move_id),
-            None => None,
-        },
-    };
-    let Some(id) = id else {
-        return Err(untouched(Error::Config(
-            "interrupted before the move began: nothing was changed".into(),
-        )));
-    };
-    let phase = mover.status(id).await.map_err(untouched)?.phase;
-    if phase.can_abort() {
-        progress.line(&format!("move {id}: aborting it (it had not cut over)"));
-        let aborted = mover.abort(id).await?;
-        Err(Failure {
-            move_id: Some(id),
-            error: Error::State {
-                move_id: id,
-                phase: aborted.phase,
-                why: "interrupted before its cutover".into(),
-            },
-            left: Left::Aborted,
-            phase: Some(aborted.phase),
-            abort_error: None,
-        })
-    } else {
-        progress.line(&format!(
-            "move {id}: finishing it (it has cut over: only forward)"
-        ));
-        mover.resume(id).await
-    }
 }
 
 async fn run(cli: Cli) -> Result<(), Outcome> {
@@ -684,13 +346,13 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
     }
     let progress = std::sync::Arc::new(Progress::new());
     let mover = Mover::new(directory.clone(), overrides, options).with_observer(progress.clone());
-    let as_json = tuning.json;
+    let print = Print::new(tuning.json);
     match cli.command {
         Command::Move {
             from_file: Some(path),
             batch,
             ..
-        } => many::run_file(&mover, &path, batch.options(), as_json).await?,
+        } => many::run_file(&mover, &path, batch.options(), print).await,
         Command::Move {
             entity_type: Some(entity_type),
             entity_id: Some(entity_id),
@@ -699,21 +361,13 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
             ..
         } => {
             let key = EntityKey::new(entity_type, entity_id);
-            if dry_run {
-                println!("{}", mover.plan(&key, &to).await?);
-            } else {
-                let work = mover.start(&key, &to);
-                report(
-                    run_to_the_end(&mover, &progress, Some(&key), work).await,
-                    as_json,
-                )?;
-            }
+            moves::start(&mover, &progress, print, &key, &to, dry_run).await
         }
         Command::Move { .. } => unreachable!("clap requires an entity and --to, or --from-file"),
         Command::Drain { shard, to, plan } => {
             let fleet = many::fleet(&mover, &plan).await?;
             let made = shard_directory_mover::drain(&fleet, &shard, &to, plan.by)?;
-            many::plan_or_apply(&mover, made, &plan, as_json).await?
+            many::plan_or_apply(&mover, made, &plan, print).await
         }
         Command::Split {
             shard,
@@ -723,7 +377,7 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
         } => {
             let fleet = many::fleet(&mover, &plan).await?;
             let made = shard_directory_mover::split(&fleet, &shard, &to, fraction, plan.by)?;
-            many::plan_or_apply(&mover, made, &plan, as_json).await?
+            many::plan_or_apply(&mover, made, &plan, print).await
         }
         Command::Rebalance {
             tolerance,
@@ -732,216 +386,33 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
         } => {
             let fleet = many::fleet(&mover, &plan).await?;
             let made = shard_directory_mover::rebalance(&fleet, plan.by, tolerance, max_moves)?;
-            many::plan_or_apply(&mover, made, &plan, as_json).await?
+            many::plan_or_apply(&mover, made, &plan, print).await
         }
-        Command::Batch { what } => match what {
-            BatchWhat::Status { batch_id } => {
-                many::print_status(&mover.batch_status(batch_id).await?, as_json)
-            }
-            BatchWhat::Pause { batch_id } => {
-                many::print_status(&mover.pause_batch(batch_id).await?, as_json)
-            }
-            BatchWhat::Abort { batch_id } => {
-                many::print_status(&mover.abort_batch(batch_id).await?, as_json)
-            }
-            BatchWhat::Resume { batch_id } => match mover.resume_batch(batch_id).await {
-                Ok(run) => many::report(batch_id, run, as_json)?,
-                Err(e) => return Err(many::failed(Some(batch_id), e, as_json)),
-            },
-        },
-        Command::Resume { move_id } => {
-            let work = mover.resume(move_id);
-            report(run_to_the_end(&mover, &progress, None, work).await, as_json)?;
+        Command::Batch { what } => many::batch(&mover, what, print).await,
+        Command::Resume { move_id } => moves::resume(&mover, &progress, print, move_id).await,
+        Command::Revert { move_id } => moves::revert(&mover, &progress, print, move_id).await,
+        Command::Finalize { move_id, .. } => {
+            moves::finalize(&mover, &progress, print, move_id).await
         }
-        Command::Revert { move_id } => {
-            let key = mover.status(move_id).await?.entity();
-            let work = mover.revert(move_id);
-            report(
-                run_to_the_end(&mover, &progress, Some(&key), work).await,
-                as_json,
-            )?;
-        }
-        Command::Finalize {
-            move_id: Some(move_id),
-            ..
-        } => {
-            let work = mover.finalize(move_id);
-            report(run_to_the_end(&mover, &progress, None, work).await, as_json)?;
-        }
-        Command::Finalize { move_id: None, .. } => {
-            // Each finalized in turn; the last failure (each printed) is the exit code.
-            let mut last = Ok(());
-            for result in mover.finalize_expired().await? {
-                if let Err(Outcome::Failed(code, message)) = report(result, as_json) {
-                    eprintln!("shard-directory: {message}");
-                    last = Err(Outcome::Failed(
-                        code,
-                        "a move could not be finalized".into(),
-                    ));
-                }
-            }
-            last?;
-        }
-        Command::Abort { move_id } => report(mover.abort(move_id).await, as_json)?,
-        Command::PurgeSource { move_id } => {
-            let record = mover.purge_source(move_id).await?;
-            if as_json {
-                println!("{}", json(&record));
-            } else {
-                println!("{}", summary(&record, None));
-            }
-        }
-        Command::Status { move_id } => match move_id {
-            Some(id) => {
-                let status = mover.status_detail(id).await?;
-                if as_json {
-                    println!("{}", json(&status));
-                } else {
-                    let streaming = status.slot.as_ref().map(|s| s.active);
-                    println!("{}", summary(&status.record, streaming));
-                    if let Some(d) = &status.driver {
-                        println!("  driven by {d}");
-                    }
-                    if let Some(s) = &status.slot {
-                        println!(
-                            "  slot {} on {} keeps {} bytes of WAL ({}, {})",
-                            s.name,
-                            s.shard,
-                            s.retained_wal_bytes,
-                            s.wal_status.as_deref().unwrap_or("?"),
-                            if s.active {
-                                "streaming"
-                            } else {
-                                "not streaming"
-                            }
-                        );
-                    }
-                }
-            }
-            None => {
-                let records = mover.list(true, None).await?;
-                if as_json {
-                    println!("{}", json(&records));
-                } else if records.is_empty() {
-                    println!("no open moves");
-                }
-                for r in records.iter().filter(|_| !as_json) {
-                    println!("{}", summary(r, None));
-                }
-            }
-        },
-        Command::List { open, since } => {
-            let records = mover.list(open, since.as_deref()).await?;
-            if as_json {
-                println!("{}", json(&records));
-            }
-            for r in records.iter().filter(|_| !as_json) {
-                println!(
-                    "{:>6}  {:<11}  {}/{}  {} -> {}  {}  started {} by {}",
-                    r.move_id,
-                    r.phase,
-                    r.entity_type,
-                    r.entity_id,
-                    r.source_shard,
-                    r.target_shard,
-                    r.method.as_str(),
-                    r.started_at,
-                    r.started_by
-                );
-            }
-        }
+        Command::Abort { move_id } => moves::abort(&mover, print, move_id).await,
+        Command::PurgeSource { move_id } => moves::purge_source(&mover, print, move_id).await,
+        Command::Status { move_id } => inspect::status(&mover, print, move_id).await,
+        Command::List { open, since } => inspect::list(&mover, print, open, since.as_deref()).await,
         Command::Where {
             entity_type,
             entity_id,
             at,
         } => {
             let key = EntityKey::new(entity_type, entity_id);
-            match at {
-                Some(at) => match mover.placement_at(&key, &at).await? {
-                    Some(shard) => println!("{key} at {at}: {shard}"),
-                    None => println!("{key} at {at}: did not exist"),
-                },
-                None => match mover.placement(&key).await? {
-                    Some(p) => println!(
-                        "{key}: {} ({}{}, version {})",
-                        p.shard_name,
-                        p.state,
-                        p.target_shard
-                            .map(|t| format!(" to {t}"))
-                            .unwrap_or_default(),
-                        p.version
-                    ),
-                    None => {
-                        return Err(Outcome::Failed(1, format!("no directory entry for {key}")))
-                    }
-                },
-            }
+            inspect::where_is(&mover, print, &key, at.as_deref()).await
         }
         Command::History {
             entity_type,
             entity_id,
-        } => {
-            let rows = mover
-                .history(&EntityKey::new(entity_type, entity_id))
-                .await?;
-            if as_json {
-                println!("{}", json(&rows));
-            }
-            for h in rows.iter().filter(|_| !as_json) {
-                println!(
-                    "{}  v{:<6} {:<18} {} -> {} ({}{})  by {}",
-                    h.changed_at,
-                    h.version,
-                    h.transition,
-                    h.old_shard.as_deref().unwrap_or("-"),
-                    h.new_shard.as_deref().unwrap_or("-"),
-                    h.new_state.as_deref().unwrap_or("deleted"),
-                    h.new_target
-                        .as_deref()
-                        .map(|t| format!(" to {t}"))
-                        .unwrap_or_default(),
-                    h.changed_by
-                );
-            }
-        }
+        } => inspect::history(&mover, print, &EntityKey::new(entity_type, entity_id)).await,
         Command::Verify {
             what: VerifyWhat::Shard { shard, entity_type },
-        } => {
-            let strays = mover.strays(&shard, entity_type.as_deref()).await?;
-            if as_json {
-                println!("{}", json(&strays));
-            }
-            for stray in strays.iter().filter(|_| !as_json) {
-                let rows: Vec<String> = stray
-                    .rows
-                    .iter()
-                    .map(|(t, n)| format!("{t}: {n}"))
-                    .collect();
-                println!(
-                    "{} has rows on {} ({}), fenced {} there; the directory {}",
-                    stray.entity,
-                    stray.shard,
-                    rows.join(", "),
-                    stray.fence,
-                    match &stray.placement {
-                        Some(p) => format!("places it on {} ({})", p.shard_name, p.state),
-                        None => "has no entry for it".to_owned(),
-                    }
-                );
-            }
-            if !strays.is_empty() {
-                return Err(Outcome::Failed(
-                    5,
-                    format!(
-                        "{} entities with rows out of place on {shard}",
-                        strays.len()
-                    ),
-                ));
-            }
-            if !as_json {
-                println!("every row on {shard} is where the directory says");
-            }
-        }
+        } => verify::shard(&mover, print, &shard, entity_type.as_deref()).await,
         Command::Verify {
             what:
                 VerifyWhat::Entity {
@@ -950,53 +421,17 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
                     against,
                 },
         } => {
-            let key = EntityKey::new(entity_type, entity_id);
-            match mover.compare(&key, &against).await {
-                Ok(counts) => {
-                    let rows: Vec<String> =
-                        counts.iter().map(|(t, n)| format!("{t}: {n}")).collect();
-                    println!("{key}: the same rows on {against} ({})", rows.join(", "));
-                }
-                Err(e @ Error::Mismatch { .. }) => return Err(Outcome::Failed(5, e.to_string())),
-                Err(e) => return Err(e.into()),
-            }
+            verify::entity(
+                &mover,
+                print,
+                &EntityKey::new(entity_type, entity_id),
+                &against,
+            )
+            .await
         }
-        Command::Relay {
-            redis,
-            channel,
-            key_file,
-            heartbeat,
-        } => {
-            let key = std::fs::read(&key_file)
-                .map_err(|e| Outcome::Usage(format!("--key-file {}: {e}", key_file.display())))?;
-            let key = key.strip_suffix(b"\n").unwrap_or(&key).to_vec();
-            if key.is_empty() {
-                return Err(Outcome::Usage(format!(
-                    "--key-file {}: the file is empty",
-                    key_file.display()
-                )));
-            }
-            let options = shard_directory_relay::RelayOptions {
-                redis,
-                channel,
-                key,
-                heartbeat,
-            };
-            shard_directory_relay::relay(&with_password(directory), &options)
-                .await
-                .map_err(|e| Outcome::Usage(format!("--redis: {e}")))?;
-        }
-        Command::Cleanup => {
-            let dropped = mover.cleanup().await?;
-            if dropped.is_empty() {
-                println!("nothing to clean up");
-            }
-            for d in dropped {
-                println!("dropped {d}");
-            }
-        }
+        Command::Relay(args) => relay::relay(directory, args).await,
+        Command::Cleanup => cleanup::cleanup(&mover, print).await,
     }
-    Ok(())
 }
 
 #[tokio::main]

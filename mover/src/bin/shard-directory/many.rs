@@ -9,8 +9,11 @@ use shard_directory_mover::{
     Mover, Outcome as Moved, Weigh,
 };
 
-use super::{error_code, exit_code, json as pretty, left_name, summary, MethodArg, Outcome};
 use serde_json::json;
+
+use crate::moves::summary;
+use crate::output::{error_code, exit_code, left_name, lines, pretty, Outcome, Print};
+use crate::MethodArg;
 
 /// How many moves of a plan run at once.
 #[derive(clap::Args)]
@@ -58,6 +61,34 @@ pub struct PlanArgs {
     apply: bool,
     #[command(flatten)]
     batch: BatchArgs,
+}
+
+#[derive(clap::Subcommand)]
+pub enum BatchWhat {
+    /// The batch and where each of its moves stands.
+    Status { batch_id: i64 },
+    /// Start no more of its moves; those under way go on to their end.
+    Pause { batch_id: i64 },
+    /// Run it again from where it stopped (paused, or its runner killed).
+    Resume { batch_id: i64 },
+    /// Abort its open moves (finish those past their cutover) and start no more.
+    Abort { batch_id: i64 },
+}
+
+/// `batch status|pause|abort|resume`.
+pub async fn batch(mover: &Mover, what: BatchWhat, print: Print) -> Result<(), Outcome> {
+    match what {
+        BatchWhat::Status { batch_id } => print_status(&mover.batch_status(batch_id).await?, print),
+        BatchWhat::Pause { batch_id } => print_status(&mover.pause_batch(batch_id).await?, print),
+        BatchWhat::Abort { batch_id } => print_status(&mover.abort_batch(batch_id).await?, print),
+        BatchWhat::Resume { batch_id } => {
+            return match mover.resume_batch(batch_id).await {
+                Ok(run) => report(batch_id, run, print),
+                Err(e) => Err(failed(Some(batch_id), e, print)),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The fleet a plan is made from, saying (stderr) which shards' sizes were read as kept in the
@@ -108,7 +139,7 @@ pub async fn plan_or_apply(
     mover: &Mover,
     plan: BatchPlan,
     args: &PlanArgs,
-    as_json: bool,
+    print: Print,
 ) -> Result<(), Outcome> {
     describe(&plan);
     match &args.out {
@@ -119,7 +150,7 @@ pub async fn plan_or_apply(
         None => {}
     }
     if args.apply {
-        run(mover, &plan, args.batch.options(), as_json).await?;
+        run(mover, &plan, args.batch.options(), print).await?;
     }
     Ok(())
 }
@@ -128,13 +159,13 @@ pub async fn run_file(
     mover: &Mover,
     path: &Path,
     options: BatchOptions,
-    as_json: bool,
+    print: Print,
 ) -> Result<(), Outcome> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Outcome::Usage(format!("--from-file {}: {e}", path.display())))?;
     let plan: BatchPlan = serde_json::from_str(&text)
         .map_err(|e| Outcome::Usage(format!("--from-file {}: not a plan: {e}", path.display())))?;
-    run(mover, &plan, options, as_json).await
+    run(mover, &plan, options, print).await
 }
 
 /// Records the plan as a batch, says its id (to pause or abort it from elsewhere), and runs it.
@@ -144,26 +175,26 @@ async fn run(
     mover: &Mover,
     plan: &BatchPlan,
     options: BatchOptions,
-    as_json: bool,
+    print: Print,
 ) -> Result<(), Outcome> {
     let batch_id = match mover.record_batch(plan, options).await {
         Ok(id) => id,
-        Err(e) => return Err(failed(None, e, as_json)),
+        Err(e) => return Err(failed(None, e, print)),
     };
     eprintln!(
         "batch {batch_id}: {} moves; `shard-directory batch pause|abort|status {batch_id}`",
         plan.moves.len()
     );
     match mover.resume_batch(batch_id).await {
-        Ok(run) => report(batch_id, run, as_json),
-        Err(e) => Err(failed(Some(batch_id), e, as_json)),
+        Ok(run) => report(batch_id, run, print),
+        Err(e) => Err(failed(Some(batch_id), e, print)),
     }
 }
 
 /// A batch command that stopped on `e` before any move's outcome: untouched when no batch was
 /// recorded (or it had nothing to run), else left running (resumable), unless another process
 /// holds it.
-pub fn failed(batch_id: Option<i64>, e: Error, as_json: bool) -> Outcome {
+pub fn failed(batch_id: Option<i64>, e: Error, print: Print) -> Outcome {
     let code = match (&e, batch_id) {
         (Error::Config(_), _) => return e.into(),
         (Error::BatchBusy { .. } | Error::Busy { .. }, _) => 4,
@@ -173,12 +204,8 @@ pub fn failed(batch_id: Option<i64>, e: Error, as_json: bool) -> Outcome {
         (_, None) => 1,
     };
     let left = if code == 1 { "untouched" } else { "resumable" };
-    if as_json {
-        println!(
-            "{}",
-            pretty(&json!({"batch_id": batch_id, "error": e.to_string(), "left": left}))
-        );
-    }
+    let stopped = json!({"batch_id": batch_id, "error": e.to_string(), "left": left});
+    print.result(&stopped, |_| String::new());
     let next = match batch_id {
         Some(id) if code == 3 => {
             format!("\nbatch {id} is left running: `shard-directory batch resume {id}` goes on")
@@ -191,16 +218,16 @@ pub fn failed(batch_id: Option<i64>, e: Error, as_json: bool) -> Outcome {
 /// Reports each move of batch `batch_id`'s run, and why its runner stopped if it did. The exit
 /// code is the worst of the failed moves' (3 left resumable, 1 aborted or untouched, 4 busy)
 /// and of the runner's stop (3: the batch is left running; 4 another runner holds it).
-pub fn report(batch_id: i64, run: BatchRun, as_json: bool) -> Result<(), Outcome> {
+pub fn report(batch_id: i64, run: BatchRun, print: Print) -> Result<(), Outcome> {
     let mut code = 0;
-    let mut report = Vec::new();
+    let (mut entries, mut said) = (Vec::new(), Vec::new());
     let not_started = match run.stopped {
         Some(_) => "not started (the runner stopped first)",
         None => "not started (the batch was paused or aborted)",
     };
     for (m, outcome) in &run.moves {
         let what = format!("{}/{} {} -> {}", m.entity_type, m.entity_id, m.from, m.to);
-        let (line, entry) = match outcome {
+        let (line, mut entry) = match outcome {
             Moved::Moved(record) => (
                 format!("{what}: moved\n  {}", summary(record.as_ref(), None)),
                 json!({"outcome": "moved", "move_id": record.move_id}),
@@ -224,26 +251,19 @@ pub fn report(batch_id: i64, run: BatchRun, as_json: bool) -> Result<(), Outcome
                 )
             }
         };
-        if as_json {
-            let mut entry = entry;
-            entry["entity_type"] = json!(m.entity_type);
-            entry["entity_id"] = json!(m.entity_id);
-            entry["from"] = json!(m.from);
-            entry["to"] = json!(m.to);
-            report.push(entry);
-        } else {
-            println!("{line}");
-        }
+        entry["entity_type"] = json!(m.entity_type);
+        entry["entity_id"] = json!(m.entity_id);
+        entry["from"] = json!(m.from);
+        entry["to"] = json!(m.to);
+        entries.push(entry);
+        said.push(line);
     }
     let stopped = run.stopped.as_ref().map(|e| e.to_string());
-    if as_json {
-        println!(
-            "{}",
-            pretty(&json!({"batch_id": batch_id, "moves": report, "stopped": stopped}))
-        );
-    } else {
-        println!("batch {batch_id}: `shard-directory batch status {batch_id}` shows it");
-    }
+    said.push(format!(
+        "batch {batch_id}: `shard-directory batch status {batch_id}` shows it"
+    ));
+    let report = json!({"batch_id": batch_id, "moves": entries, "stopped": stopped});
+    print.result(&report, |_| said.join("\n"));
     let failed = run
         .moves
         .iter()
@@ -268,7 +288,6 @@ pub fn report(batch_id: i64, run: BatchRun, as_json: bool) -> Result<(), Outcome
     }
 }
 
-/// A batch and each of its moves, for a person or (`--json`) a script.
 /// The `move` flags a batch's moves are made with, as an operator would have typed them.
 fn flags(c: &MoveChoices) -> String {
     let ms = |ms: u64| humantime::format_duration(std::time::Duration::from_millis(ms));
@@ -299,32 +318,32 @@ fn flags(c: &MoveChoices) -> String {
     out
 }
 
-pub fn print_status(status: &BatchStatus, as_json: bool) {
-    if as_json {
-        println!("{}", pretty(status));
-        return;
-    }
-    println!(
-        "batch {} {}: {} ({} moves, --parallel {} --per-shard {}{}), started {} by {}",
-        status.batch_id,
-        status.state.as_str(),
-        status.purpose,
-        status.moves.len(),
-        status.parallel,
-        status.per_shard,
-        flags(&status.move_options),
-        status.started_at,
-        status.started_by
-    );
-    for m in &status.moves {
-        let p = &m.planned;
-        let id = m
-            .move_id
-            .map(|id| format!(" (move {id})"))
-            .unwrap_or_default();
-        println!(
-            "  {}/{} {} -> {}: {}{id}",
-            p.entity_type, p.entity_id, p.from, p.to, m.phase
+/// A batch and each of its moves, for a person or (`--json`) a script.
+pub fn print_status(status: &BatchStatus, print: Print) {
+    print.result(status, |status| {
+        let head = format!(
+            "batch {} {}: {} ({} moves, --parallel {} --per-shard {}{}), started {} by {}",
+            status.batch_id,
+            status.state.as_str(),
+            status.purpose,
+            status.moves.len(),
+            status.parallel,
+            status.per_shard,
+            flags(&status.move_options),
+            status.started_at,
+            status.started_by
         );
-    }
+        let moves = status.moves.iter().map(|m| {
+            let p = &m.planned;
+            let id = m
+                .move_id
+                .map(|id| format!(" (move {id})"))
+                .unwrap_or_default();
+            format!(
+                "  {}/{} {} -> {}: {}{id}",
+                p.entity_type, p.entity_id, p.from, p.to, m.phase
+            )
+        });
+        lines(std::iter::once(head).chain(moves))
+    })
 }
