@@ -182,39 +182,36 @@ mod tests {
         let other: Result<(), &str> = retry(FROM_FIRST_FAILURE, lost, async |_| Err("other")).await;
         assert_eq!(other, Err("other"));
         // The patience counts from the first failure, not from the call.
+        let slow_first = Duration::from_secs(5);
+        assert_eq!(given_up_after(FROM_FIRST_FAILURE, slow_first).await, 6_000);
+    }
+
+    /// Milliseconds until `retry` gives up on attempts that always fail passing, the first
+    /// taking `first` to.
+    async fn given_up_after(wait: Wait, first: Duration) -> u128 {
         let started = tokio::time::Instant::now();
-        let mut first = true;
-        let given_up: Result<(), &str> = retry(FROM_FIRST_FAILURE, lost, async |_| {
-            if std::mem::replace(&mut first, false) {
-                tokio::time::sleep(Duration::from_secs(5)).await;
+        let mut slow = Some(first);
+        let given_up: Result<(), &str> = retry(wait, lost, async |_| {
+            if let Some(first) = slow.take() {
+                tokio::time::sleep(first).await;
             }
             Err("lost")
         })
         .await;
         assert_eq!(given_up, Err("lost"));
-        assert_eq!((tokio::time::Instant::now() - started).as_millis(), 6_000);
+        (tokio::time::Instant::now() - started).as_millis()
     }
 
     #[tokio::test(start_paused = true)]
     async fn retry_from_the_call_with_whole_pauses_and_anew_for_a_new_trouble() {
         // From the call: a first attempt of 700 ms leaves 300 ms, whole pauses only: the 100 ms
         // pause fits, the 200 ms one after it would end at the deadline, not before it.
-        let started = tokio::time::Instant::now();
-        let mut first = true;
         let wait = Wait {
             patience: Duration::from_secs(1),
             from_call: true,
             whole_pauses: true,
         };
-        let given_up: Result<(), &str> = retry(wait, lost, async |_| {
-            if std::mem::replace(&mut first, false) {
-                tokio::time::sleep(Duration::from_millis(700)).await;
-            }
-            Err("lost")
-        })
-        .await;
-        assert_eq!(given_up, Err("lost"));
-        assert_eq!((tokio::time::Instant::now() - started).as_millis(), 800);
+        assert_eq!(given_up_after(wait, Duration::from_millis(700)).await, 800);
         // Anew: each new trouble gets the whole patience again.
         let started = tokio::time::Instant::now();
         let mut tries = 0;

@@ -103,6 +103,32 @@ async fn an_operator_moves_a_tenant_and_follows_it_with_the_cli() {
         "{plan}"
     );
     assert!(!plan.contains("would outlast"), "{plan}");
+    // Every command's result as one JSON value with --json: the plan too.
+    let plan: Value = serde_json::from_str(&succeeded(
+        &cli(
+            Some(&t),
+            &[
+                "move",
+                "tenant",
+                "8842",
+                "--to",
+                "shard_2",
+                "--dry-run",
+                "--json",
+            ],
+        )
+        .await,
+    ))
+    .unwrap();
+    assert_eq!(
+        (&plan["source"], &plan["target"], &plan["tables"][0]),
+        (
+            &serde_json::json!("shard_1"),
+            &serde_json::json!("shard_2"),
+            &serde_json::json!(["public.orders", 2])
+        ),
+        "{plan}"
+    );
     // A copy-method freeze cannot fit in a nanosecond: the plan says so, with the fix.
     let args = "move tenant 8842 --to shard_2 --dry-run --method copy --max-freeze 1ns";
     let tight = succeeded(&cli(Some(&t), &args.split(' ').collect::<Vec<_>>()).await);
@@ -195,6 +221,23 @@ async fn an_operator_moves_a_tenant_and_follows_it_with_the_cli() {
     );
     let then = succeeded(&cli(Some(&t), &["where", "tenant", "8842", "--at", &before_move]).await);
     assert_eq!(then, format!("tenant/8842 at {before_move}: shard_1\n"));
+    let json = |args: &'static [&'static str]| {
+        let t = &t;
+        async move {
+            let out = succeeded(&cli(Some(t), args).await);
+            serde_json::from_str::<Value>(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+        }
+    };
+    let now = json(&["where", "tenant", "8842", "--json"]).await;
+    assert_eq!(now["shard_name"], "shard_2", "{now}");
+    assert!(now["version"].as_i64().is_some(), "{now}");
+    let at = ["where", "tenant", "8842", "--at", &before_move, "--json"];
+    let then: Value = serde_json::from_str(&succeeded(&cli(Some(&t), &at).await)).unwrap();
+    assert_eq!(
+        (&then["entity_id"], &then["shard"]),
+        (&serde_json::json!("8842"), &serde_json::json!("shard_1")),
+        "{then}"
+    );
     let history = succeeded(&cli(Some(&t), &["history", "tenant", "8842"]).await);
     for step in ["insert", "begin_move", "freeze", "cutover"] {
         assert!(history.contains(step), "{history}");
@@ -229,6 +272,7 @@ async fn an_operator_moves_a_tenant_and_follows_it_with_the_cli() {
         succeeded(&cli(Some(&t), &["cleanup"]).await),
         "nothing to clean up\n"
     );
+    assert_eq!(json(&["cleanup", "--json"]).await, serde_json::json!([]));
 }
 
 /// Waits until the CLI's move of tenant `id` says `phase` (and, with `caught_up`, has taken its
@@ -509,6 +553,27 @@ async fn verify_finds_rows_out_of_place_and_compares_an_entity_between_shards() 
     .await;
     assert_eq!(same.status.code(), Some(0), "{}", text(&same.stderr));
     assert!(text(&same.stdout).contains("tenant/kept: the same rows on shard_1"));
+    let same = cli(
+        Some(&t),
+        &[
+            "verify",
+            "entity",
+            "tenant",
+            "kept",
+            "--against",
+            "shard_1",
+            "--json",
+        ],
+    )
+    .await;
+    let same: Value = serde_json::from_str(&text(&same.stdout)).unwrap();
+    assert_eq!(same["against"], "shard_1", "{same}");
+    assert!(
+        same["rows"]
+            .as_array()
+            .is_some_and(|rows| rows.contains(&serde_json::json!(["public.orders", 4]))),
+        "{same}"
+    );
     t.shard("shard_1")
         .await
         .batch_execute(

@@ -54,21 +54,18 @@ pub async fn list(
     since: Option<&str>,
 ) -> Result<(), Outcome> {
     let records = mover.list(open, since).await?;
-    print.result(&records, |records| {
-        lines(records.iter().map(|r| {
-            format!(
-                "{:>6}  {:<11}  {}/{}  {} -> {}  {}  started {} by {}",
-                r.move_id,
-                r.phase,
-                r.entity_type,
-                r.entity_id,
-                r.source_shard,
-                r.target_shard,
-                r.method.as_str(),
-                r.started_at,
-                r.started_by
-            )
-        }))
+    print.each(&records, |r| {
+        format!(
+            "{:>6}  {:<11}  {}  {} -> {}  {}  started {} by {}",
+            r.move_id,
+            r.phase,
+            r.entity(),
+            r.source_shard,
+            r.target_shard,
+            r.method.as_str(),
+            r.started_at,
+            r.started_by
+        )
     });
     Ok(())
 }
@@ -111,23 +108,21 @@ pub async fn where_is(
 /// `history`: every change of `key`'s directory entry.
 pub async fn history(mover: &Mover, print: Print, key: &EntityKey) -> Result<(), Outcome> {
     let rows = mover.history(key).await?;
-    print.result(&rows, |rows| {
-        lines(rows.iter().map(|h| {
-            format!(
-                "{}  v{:<6} {:<18} {} -> {} ({}{})  by {}",
-                h.changed_at,
-                h.version,
-                h.transition,
-                h.old_shard.as_deref().unwrap_or("-"),
-                h.new_shard.as_deref().unwrap_or("-"),
-                h.new_state.as_deref().unwrap_or("deleted"),
-                h.new_target
-                    .as_deref()
-                    .map(|t| format!(" to {t}"))
-                    .unwrap_or_default(),
-                h.changed_by
-            )
-        }))
+    print.each(&rows, |h| {
+        format!(
+            "{}  v{:<6} {:<18} {} -> {} ({}{})  by {}",
+            h.changed_at,
+            h.version,
+            h.transition,
+            h.old_shard.as_deref().unwrap_or("-"),
+            h.new_shard.as_deref().unwrap_or("-"),
+            h.new_state.as_deref().unwrap_or("deleted"),
+            h.new_target
+                .as_deref()
+                .map(|t| format!(" to {t}"))
+                .unwrap_or_default(),
+            h.changed_by
+        )
     });
     Ok(())
 }

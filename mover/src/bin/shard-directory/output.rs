@@ -15,6 +15,11 @@ impl Print {
         Print { json }
     }
 
+    /// `items` as a JSON array with `--json`, else a line for each.
+    pub fn each<T: Serialize>(&self, items: &[T], line: impl Fn(&T) -> String) {
+        self.result(items, |items| lines(items.iter().map(line)));
+    }
+
     /// `value` as JSON with `--json`, else the lines `lines` makes of it (nothing when none).
     pub fn result<T: Serialize + ?Sized>(&self, value: &T, lines: impl FnOnce(&T) -> String) {
         if self.json {
