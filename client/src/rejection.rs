@@ -4,6 +4,7 @@
 use std::fmt;
 
 use shard_directory_protocol::refusal::{Detail, Reason};
+use shard_directory_protocol::EntityKey;
 use tokio_postgres::error::SqlState;
 
 /// Why a shard refused a transaction.
@@ -25,6 +26,10 @@ pub enum Rejection {
         moved_to: String,
         /// The directory version of the move: send at least this one to `moved_to`.
         version: i64,
+        /// The entity the refusal is about, as the shard named it: a transaction routed for
+        /// one entity may write another's row, and that entity's `moved_to` says nothing of
+        /// where the routed one lives. (Boxed: every error of the client carries a rejection.)
+        entity: Option<Box<EntityKey>>,
     },
     /// A plain serialization failure (no shard_directory DETAIL).
     Serialization,
@@ -48,6 +53,12 @@ impl Rejection {
         }
     }
 
+    /// Whether the refusal is about another entity than `routed` (a row of that one, written in
+    /// a transaction routed for `routed`): re-routing `routed` cures nothing then.
+    pub fn about_another(&self, routed: &EntityKey) -> bool {
+        matches!(self, Rejection::Moved { entity: Some(e), .. } if **e != *routed)
+    }
+
     /// The rejection a database error carries, if it is a 40001.
     pub fn of(e: &tokio_postgres::Error) -> Option<Rejection> {
         let db = e.as_db_error()?;
@@ -57,9 +68,14 @@ impl Rejection {
         let detail: Option<Detail> = db.detail().and_then(|d| serde_json::from_str(d).ok());
         Some(match detail {
             Some(d) => match (d.reason(), d.moved_to, d.version) {
-                (Some(Reason::Moved), Some(moved_to), Some(version)) => {
-                    Rejection::Moved { moved_to, version }
-                }
+                (Some(Reason::Moved), Some(moved_to), Some(version)) => Rejection::Moved {
+                    moved_to,
+                    version,
+                    entity: d
+                        .entity_type
+                        .zip(d.entity_id)
+                        .map(|(t, i)| Box::new(EntityKey::new(t, i))),
+                },
                 (Some(Reason::Frozen), ..) => Rejection::Frozen,
                 (Some(Reason::Missing), ..) => Rejection::Missing,
                 (Some(Reason::Stale), ..) => Rejection::Stale {
@@ -75,7 +91,14 @@ impl Rejection {
 impl fmt::Display for Rejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Rejection::Moved { moved_to, version } => {
+            Rejection::Moved {
+                moved_to,
+                version,
+                entity,
+            } => {
+                if let Some(entity) = entity {
+                    write!(f, "{entity} ")?;
+                }
                 write!(f, "moved to {moved_to} at version {version}")
             }
             Rejection::Stale {

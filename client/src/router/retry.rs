@@ -79,13 +79,20 @@ impl Router {
                 .into(),
                 Refusal::Caller(e) => e,
             };
-            if out_of_time || matches!(rejection, Rejection::Other(_)) {
+            // Another entity's row, which lives elsewhere now: following its `moved_to` would
+            // route this entity's next writes to a shard the directory does not name for it.
+            if out_of_time
+                || matches!(rejection, Rejection::Other(_))
+                || rejection.about_another(key)
+            {
                 tracing::warn!(entity = %key, %rejection, attempts = attempt, "shard kept refusing the transaction; giving up");
                 return Err(give_up(rejection));
             }
             counters.retried();
             match &rejection {
-                Rejection::Moved { moved_to, version } if self.can_route_to(moved_to) => {
+                Rejection::Moved {
+                    moved_to, version, ..
+                } if self.can_route_to(moved_to) => {
                     self.directory.learn_moved(key, &entry, moved_to, *version);
                     // The refusal said where to go: the first time, straight there.
                     if attempt == 1 {

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shard_directory_client::{
-    Directory, DirectoryConfig, EntityKey, Error, Reads, Router, ShardConfig, SharedCacheConfig,
-    State,
+    Directory, DirectoryConfig, EntityKey, Error, Reads, Rejection, Router, ShardConfig,
+    SharedCacheConfig, State,
 };
 use shard_directory_e2e::redis::RedisServer;
 use shard_directory_e2e::topology::{connected_directory, told_nothing, DIRECTORY_DB};
@@ -166,6 +166,48 @@ async fn a_read_routed_by_a_cache_behind_a_cutover_is_refused_and_repaired() {
     );
     assert_eq!(count_orders(&checked, "2").await.unwrap(), 3);
     assert_eq!(checked.directory().stats().rejections("frozen"), 0);
+}
+
+/// A transaction routed for tenant a writes a row of tenant b, which has moved: the refusal's
+/// `moved_to` is b's, not a's. The router returns the refusal and learns nothing from it for a
+/// (it used to route a to b's shard, where a has no fence, and a's next write landed there).
+#[tokio::test]
+async fn a_moved_refusal_about_another_entity_is_not_learned_for_the_routed_one() {
+    let t = Topology::start("moved-other").await;
+    for id in ["a", "b"] {
+        t.add_tenant(id, "shard_1").await;
+    }
+    let d = t.client_directory(told_nothing()).await;
+    let router = t.router(d.clone());
+    d.lookup("tenant", "a").await.unwrap();
+    t.move_tenant("b", "shard_2").await;
+
+    let crossed = router
+        .run(&EntityKey::new("tenant", "a"), async |tx| {
+            tx.execute(
+                "INSERT INTO orders (tenant_id, item) VALUES ('b', 'crossed')",
+                &[],
+            )
+            .await?;
+            Ok::<(), Error>(())
+        })
+        .await;
+    // The closure's own error comes back: the refusal of b's row, tried once.
+    let refused = crossed.expect_err("b's row is not a's to route");
+    let Error::Db(db) = &refused else {
+        panic!("the closure's database error, not {refused}");
+    };
+    let rejection = Rejection::of(db).expect("a 40001 with its DETAIL");
+    assert!(
+        matches!(&rejection, Rejection::Moved { moved_to, .. } if moved_to == "shard_2")
+            && rejection.about_another(&EntityKey::new("tenant", "a")),
+        "{rejection}"
+    );
+    assert_eq!(router.directory().stats().rejections("moved"), 1);
+    Topology::order(&router, "a", "after").await.unwrap();
+    assert_eq!(t.orders("shard_1", "a").await, ["after"]);
+    assert!(t.orders("shard_2", "a").await.is_empty());
+    assert!(t.orders("shard_2", "b").await.is_empty());
 }
 
 /// A refusal's `moved_to` names a shard this router has no settings for (the entity
