@@ -19,6 +19,34 @@ pub enum ConnectError {
     #[error("{0}")]
     Tls(String),
     /// The server refused or did not answer, or the session settings failed.
-    #[error(transparent)]
+    #[error("{}", describe(.0))]
     Db(#[from] tokio_postgres::Error),
+}
+
+/// A database error as a person needs it: the server's message with its SQLSTATE, DETAIL and
+/// HINT; or, for a connection that failed, what failed and each cause (tokio-postgres's own
+/// text names only the kind: "db error", "error connecting to server").
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => {
+            let mut s = format!("{} ({})", db.message(), db.code().code());
+            if let Some(d) = db.detail() {
+                s.push_str(&format!("; DETAIL: {d}"));
+            }
+            if let Some(h) = db.hint() {
+                s.push_str(&format!("; HINT: {h}"));
+            }
+            s
+        }
+        None => {
+            // A connection's error says what failed (a TLS handshake); its sources say why.
+            let mut s = e.to_string();
+            let mut cause = std::error::Error::source(e);
+            while let Some(c) = cause {
+                s.push_str(&format!(": {c}"));
+                cause = c.source();
+            }
+            s
+        }
+    }
 }

@@ -81,6 +81,14 @@ async fn drive<S, T>(
                     let _ = tx.send(n);
                 }
             }
+            // As tokio-postgres's own connection future logs them (`RUST_LOG=info` shows a
+            // server's NOTICE or WARNING, the extension's among them).
+            Ok(AsyncMessage::Notice(notice)) => tracing::info!(
+                target: "tokio_postgres::connection",
+                "{}: {}",
+                notice.severity(),
+                notice.message()
+            ),
             Ok(_) => {}
             Err(e) => {
                 tracing::debug!(error = %e, "connection closed");

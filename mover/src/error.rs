@@ -2,6 +2,8 @@
 //! what to do next where there is something to do.
 
 use std::fmt;
+
+use shard_directory_connect::describe;
 use std::time::Duration;
 
 use tokio_postgres::error::SqlState;
@@ -86,7 +88,7 @@ impl fmt::Display for Place {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A database call failed.
-    #[error("{step}: {place}: {}", db_message(.source))]
+    #[error("{step}: {place}: {}", describe(.source))]
     Db {
         step: Step,
         place: Place,
@@ -305,32 +307,6 @@ pub enum Error {
     /// Bad configuration: a connection string, the TOML file.
     #[error("configuration: {0}")]
     Config(String),
-}
-
-/// tokio-postgres prints "db error" for server errors; the message, DETAIL and HINT say more.
-fn db_message(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => {
-            let mut s = format!("{} ({})", db.message(), db.code().code());
-            if let Some(d) = db.detail() {
-                s.push_str(&format!("; DETAIL: {d}"));
-            }
-            if let Some(h) = db.hint() {
-                s.push_str(&format!("; HINT: {h}"));
-            }
-            s
-        }
-        None => {
-            // A connection's error says what failed (a TLS handshake); its sources say why.
-            let mut s = e.to_string();
-            let mut cause = std::error::Error::source(e);
-            while let Some(c) = cause {
-                s.push_str(&format!(": {c}"));
-                cause = c.source();
-            }
-            s
-        }
-    }
 }
 
 /// Attaches the step and place to a database error.

@@ -20,6 +20,11 @@ impl Patience {
         }
     }
 
+    /// Whether the deadline has passed.
+    pub fn spent(&self) -> bool {
+        Instant::now() >= self.deadline
+    }
+
     /// Whether the next pause ends before the deadline.
     pub fn fits(&self) -> bool {
         Instant::now() + self.pause < self.deadline
@@ -49,11 +54,9 @@ pub(crate) struct Wait {
     pub whole_pauses: bool,
 }
 
-/// What a failed attempt means to a [`Retry`].
+/// What a failed attempt worth another try means to a [`Retry`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verdict {
-    /// Not worth another try: the error is returned.
-    Final,
     /// Tried again after a pause, within the patience already running.
     Again,
     /// A new trouble (another outage): tried again, the patience counting from now.
@@ -66,8 +69,8 @@ pub(crate) enum Verdict {
 /// ```text
 /// let mut retry = Retry::new(wait);
 /// loop {
-///     let error = match attempt().await { Err(e) => e, done => return done };
-///     if !retry.again(judge(&error)).await { return Err(error); }
+///     let error = match attempt().await { Err(e) if worth_another(&e) => e, done => return done };
+///     if !retry.again(Verdict::Again).await { return Err(error); }
 /// }
 /// ```
 ///
@@ -86,19 +89,36 @@ impl Retry {
         }
     }
 
-    /// After an attempt that failed as `verdict` says: false when the error is final or the
-    /// patience is spent (return the error then), else true once the next pause is over.
+    /// After an attempt that failed as `verdict` says (one worth another try: the caller returns
+    /// any other error itself): false when the patience is spent (return the error then), else
+    /// true once the next pause is over.
     pub async fn again(&mut self, verdict: Verdict) -> bool {
+        if !self.retries(verdict) {
+            return false;
+        }
+        self.pause().await;
+        true
+    }
+
+    /// [`Retry::again`]'s decision alone, for a caller that says so before it pauses.
+    pub fn retries(&mut self, verdict: Verdict) -> bool {
         let patience = self.wait.patience;
         let waiting = match verdict {
-            Verdict::Final => return false,
             Verdict::Again => self.patience.get_or_insert_with(|| Patience::new(patience)),
             Verdict::Anew => self.patience.insert(Patience::new(patience)),
         };
-        if self.wait.whole_pauses && !waiting.fits() {
-            return false;
+        if self.wait.whole_pauses {
+            waiting.fits()
+        } else {
+            !waiting.spent()
         }
-        waiting.pause().await
+    }
+
+    /// The next pause, after [`Retry::retries`] said yes.
+    pub async fn pause(&mut self) {
+        if let Some(waiting) = &mut self.patience {
+            waiting.pause().await;
+        }
     }
 }
 
@@ -128,7 +148,7 @@ mod tests {
     /// The loop every caller writes, for the tests.
     async fn retry<T, E: Copy>(
         wait: Wait,
-        judge: impl Fn(&E) -> Verdict,
+        judge: impl Fn(&E) -> Option<Verdict>,
         mut attempt: impl AsyncFnMut(Option<E>) -> Result<T, E>,
     ) -> Result<T, E> {
         let mut retry = Retry::new(wait);
@@ -138,19 +158,16 @@ mod tests {
                 Err(e) => e,
                 done => return done,
             };
-            if !retry.again(judge(&error)).await {
-                return Err(error);
+            match judge(&error) {
+                Some(verdict) if retry.again(verdict).await => {}
+                _ => return Err(error),
             }
             last = Some(error);
         }
     }
 
-    fn lost(e: &&str) -> Verdict {
-        if *e == "lost" {
-            Verdict::Again
-        } else {
-            Verdict::Final
-        }
+    fn lost(e: &&str) -> Option<Verdict> {
+        (*e == "lost").then_some(Verdict::Again)
     }
 
     const FROM_FIRST_FAILURE: Wait = Wait {
@@ -217,13 +234,7 @@ mod tests {
         let mut tries = 0;
         let anew: Result<(), u32> = retry(
             FROM_FIRST_FAILURE,
-            |e| {
-                if *e % 5 == 0 {
-                    Verdict::Anew
-                } else {
-                    Verdict::Again
-                }
-            },
+            |e| Some([Verdict::Again, Verdict::Anew][usize::from(*e % 5 == 0)]),
             async |_| {
                 tries += 1;
                 Err(tries)

@@ -10,6 +10,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::AsyncCommands;
+use shard_directory_connect::{describe, ConnectError};
 use shard_directory_protocol::relay::{seal, Change};
 use shard_directory_protocol::CHANNEL;
 use tokio_postgres::Client;
@@ -59,7 +60,9 @@ async fn session(
     let (client, mut notifications) =
         match shard_directory_connect::connect_listening(directory, RELAY_APPLICATION_NAME).await {
             Ok(c) => c,
-            Err(e) => return format!("connect to the directory: {e}"),
+            // As the mover says it: the step, the place, the server's own words.
+            Err(ConnectError::Tls(why)) => return format!("configuration: {why}"),
+            Err(ConnectError::Db(e)) => return format!("connect: directory: {}", describe(&e)),
         };
     let mut publisher = match redis.get_multiplexed_async_connection().await {
         Ok(p) => p,

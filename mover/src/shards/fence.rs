@@ -210,22 +210,17 @@ where
         from_call: true,
         whole_pauses: true,
     };
-    let judge = |e: &tokio_postgres::Error| {
-        if e.code() != Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) {
-            return Verdict::Final;
-        }
-        tracing::info!(error = %e, "a fence change waited for checked transactions");
-        Verdict::Again
-    };
     let mut retry = Retry::new(wait);
     loop {
         let error = match change().await {
-            Err(e) => e,
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) => e,
             done => return done,
         };
-        if !retry.again(judge(&error)).await {
+        if !retry.retries(Verdict::Again) {
             return Err(error);
         }
+        tracing::info!(error = %error, "a fence change waited for checked transactions; retrying");
+        retry.pause().await;
     }
 }
 
