@@ -145,6 +145,40 @@ async fn a_freeze_never_starts_behind_an_open_checked_transaction_and_the_copy_i
     assert_eq!(t.rows("shard_2", "a").await, (10, 20));
 }
 
+/// A busy shard's checked transactions are each idle for a moment between statements, and
+/// some one of them nearly always is: short ones never hold the freeze back (the wait before it
+/// once took any idle one for a transaction left open, and gave up after `--fence-wait`).
+#[tokio::test]
+async fn a_freeze_is_not_held_back_by_a_busy_shards_short_transactions() {
+    let t = with_tenant("fence-busy").await;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut sessions = Vec::new();
+    for _ in 0..4 {
+        let (c, mut stopped) = (t.shard("shard_1").await, stopped.clone());
+        sessions.push(tokio::spawn(async move {
+            let mut transactions = 0;
+            while !*stopped.borrow() {
+                c.batch_execute(CHECKED_AND_LEFT_OPEN).await.unwrap();
+                // The application's own work between two statements: idle in the transaction.
+                let _ = tokio::time::timeout(Duration::from_millis(30), stopped.changed()).await;
+                c.batch_execute("COMMIT").await.unwrap();
+                transactions += 1;
+            }
+            transactions
+        }));
+    }
+    let record = t.mover(impatient()).start(&tenant("a"), "shard_2").await;
+    stop.send(true).unwrap();
+    let mut transactions = 0;
+    for s in sessions {
+        transactions += s.await.unwrap();
+    }
+    let record = record.unwrap_or_else(|f| panic!("{f}"));
+    assert_eq!(record.phase, Phase::Done);
+    assert_eq!(t.rows("shard_2", "a").await, (10, 20));
+    assert!(transactions > 40, "the shard was busy: {transactions}");
+}
+
 /// Opens an idle checked transaction on `shard` when the move reaches `at`; hands it over.
 fn block_fences_at(
     t: &Topology,

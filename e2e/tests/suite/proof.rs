@@ -358,7 +358,8 @@ async fn no_acknowledged_write_is_lost_on_a_wide_schema_with_kills_inside_phases
                     tokio::time::sleep(delay).await;
                     child.kill().await.unwrap();
                     report.push(format!(
-                        "move {id} ({method}) SIGKILLed {delay:?} into {phase} (aimed at {kill_at})"
+                        "move {id} ({method}) of {key} {from} -> {to} SIGKILLed {delay:?} into {phase} \
+                         (aimed at {kill_at})"
                     ));
                     break Some(id);
                 }
@@ -402,10 +403,12 @@ async fn no_acknowledged_write_is_lost_on_a_wide_schema_with_kills_inside_phases
             ));
             continue;
         }
-        let record = mover
-            .start(key, &to)
-            .await
-            .unwrap_or_else(|e| panic!("move {m} of {key} {from} -> {to} by {method}: {e}"));
+        let record = mover.start(key, &to).await.unwrap_or_else(|e| {
+            panic!(
+                "move {m} of {key} {from} -> {to} by {method}: {e}\nbefore it: {}",
+                report.join("; ")
+            )
+        });
         assert_eq!(record.phase, Phase::Done);
     }
     let moving = started.elapsed();
