@@ -1,10 +1,11 @@
 //! The relay's subscriber (feature `redis`, `DirectoryConfig::relay`): the directory's changes
 //! as `shard-directory relay` republishes them through Redis pub/sub, instead of a LISTEN
 //! connection and a `changes_since` read per instance. A message is taken only when sealed with
-//! the shared key, in the directory's epoch the client knows, and not older than `max_age`; a
-//! message that starts after the version the client knows (one was missed) makes the client read
-//! what changed from the directory itself. While messages arrive (the relay's heartbeat included)
-//! the watcher holds no connection; after `silence` without one it LISTENs again.
+//! the shared key, in the directory's epoch the client knows, and within `max_age` of the
+//! client's clock (either way); a message that starts after the version the client knows (one
+//! was missed) makes the client read what changed from the directory itself. While messages
+//! arrive (the relay's heartbeat included) the watcher holds no connection; after `silence`
+//! without one it LISTENs again.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
