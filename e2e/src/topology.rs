@@ -193,11 +193,13 @@ impl Topology {
     }
 
     /// Opens a checked transaction on `shard` (it holds the check's lock, which every fence
-    /// waits for) and leaves it idle; returns the connection and its pid.
+    /// waits for) and leaves it idle; returns the connection and its pid once it has been open
+    /// over a second, as the mover's wait before a freeze counts one left open.
     pub async fn idle_checked_transaction(&self, shard: &str) -> (Client, i32) {
         let c = self.shard(shard).await;
         c.batch_execute(CHECKED_AND_LEFT_OPEN).await.unwrap();
         let pid = crate::backend_pid(&c).await;
+        left_open(&self.shard(shard).await, pid).await;
         (c, pid)
     }
 
@@ -557,8 +559,28 @@ impl Topology {
     }
 }
 
-/// The SQL block `docs/operations.md` ("Roles and grants") has after
-/// `<!-- mover grants: {which} -->`: what the tests grant is what the docs tell a DBA to grant.
+/// Waits until the transaction of backend `pid` has been open over a second (seen from
+/// `observer`, another session of its server).
+pub async fn left_open(observer: &Client, pid: i32) {
+    eventually(
+        "the transaction to be open over a second",
+        Duration::from_secs(30),
+        || async {
+            observer
+                .query_one(
+                    "SELECT coalesce(clock_timestamp() - xact_start > interval '1 second', false) \
+                 FROM pg_stat_activity WHERE pid = $1",
+                    &[&pid],
+                )
+                .await
+                .unwrap()
+                .get::<_, bool>(0)
+                .then_some(())
+        },
+    )
+    .await
+}
+
 /// A checked transaction, left open: it holds the check's lock, which every fence waits for.
 pub const CHECKED_AND_LEFT_OPEN: &str =
     "BEGIN; SELECT set_config('app.directory_version', '1000000', true); \

@@ -377,14 +377,7 @@ async fn exit_codes_and_json_say_how_a_move_was_left() {
         t.seed_orders("shard_1", id, 3, 1).await;
     }
     // 3: stopped resumable (a checked transaction left open on the source holds the freeze).
-    let blocker = t.shard("shard_1").await;
-    blocker
-        .batch_execute(
-            "BEGIN; SELECT set_config('app.directory_version', '1000', true); \
-             SELECT shard_directory.assert_directory_version()",
-        )
-        .await
-        .unwrap();
+    let (blocker, _) = t.idle_checked_transaction("shard_1").await;
     let out = cli(
         Some(&t),
         &[

@@ -122,8 +122,8 @@ impl Run<'_> {
 
     /// Before freezing anything: the source's fence will wait for every checked transaction in
     /// flight there, so one left open (idle in a transaction) would hold the freeze as long as it
-    /// stays. Waits up to `--fence-wait` for none to have been open over a second; past that,
-    /// stops (resumable, nothing frozen) naming them.
+    /// stays. Waits up to `--fence-wait` for none to have been open over a second (or idle in it
+    /// over a quarter of one); past that, stops (resumable, nothing frozen) naming them.
     pub(super) async fn wait_for_open_checks(&self) -> Result<(), Error> {
         let (started, patience) = (Instant::now(), self.options.fence_patience);
         loop {

@@ -168,11 +168,12 @@ pub(crate) async fn cutover(
     tx.commit().await
 }
 
-/// The checked transactions open on the shard for over a second, named (pid, state, since), if
-/// any: a fence waits for every checked transaction in flight, so one left open holds it. Not
-/// every one idle in its transaction: a busy application's short transactions are each idle for
-/// a moment between statements, and some one of them nearly always is. (Other roles' sessions
-/// are seen with `pg_read_all_stats` only.)
+/// The checked transactions left open on the shard, named (pid, state, since), if any: idle in
+/// the transaction for over a quarter of a second, or open for over a second. A fence waits for
+/// every checked transaction in flight, so one left open holds it. Not every one idle at the
+/// sample: a busy application's short transactions are each idle for a moment between
+/// statements, and some one of them nearly always is. (Other roles' sessions are seen with
+/// `pg_read_all_stats` only.)
 pub(crate) async fn lingering_checks(
     client: &Client,
 ) -> Result<Option<String>, tokio_postgres::Error> {
@@ -186,7 +187,9 @@ pub(crate) async fn lingering_checks(
                AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
                AND l.relation = 'shard_directory.shard_settings'::regclass \
                AND l.pid <> pg_backend_pid() \
-               AND a.xact_start < clock_timestamp() - interval '1 second'",
+               AND (a.xact_start < clock_timestamp() - interval '1 second' \
+                    OR (a.state LIKE 'idle in transaction%' \
+                        AND a.state_change < clock_timestamp() - interval '250 milliseconds'))",
             &[],
         )
         .await?
