@@ -82,4 +82,5 @@ pub use shard_directory_connect::with_password;
 /// The protocol's key and state, as the mover's API takes and returns them.
 pub use shard_directory_protocol::{EntityKey, State};
 pub use shards::fence::Fence;
+pub use status::way_back::Unreadable;
 pub use status::{Driver, MoveStatus, Slot};

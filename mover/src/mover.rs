@@ -579,6 +579,7 @@ impl Mover {
             .await
             .at(Step::Record, Place::Directory)?;
         let mut slot = None;
+        let mut way_back_stopped_by = None;
         // A reversible move's slot is its way back's, on its target.
         let (shard, name) = match record.phase {
             Phase::Reversible => (&record.target_shard, logical::way_back_name(record.move_id)),
@@ -587,12 +588,14 @@ impl Mover {
         let replicating =
             record.method == record::Method::Logical || record.phase == Phase::Reversible;
         if replicating && !record.phase.is_finished() {
-            let endpoint = registry::endpoint(&directory, &self.overrides, shard).await;
-            if let Ok(endpoint) = endpoint {
-                if let Ok(side) = Side::connect(endpoint, None).await {
-                    slot = status::slot(&side.client, side.name(), &name)
-                        .await
-                        .at(Step::Record, side.name())?;
+            if let Some(side) = self.reach(&directory, shard).await {
+                slot = status::slot(&side.client, side.name(), &name)
+                    .await
+                    .at(Step::Record, side.name())?;
+                let stopped = slot.as_ref().is_some_and(|s| !s.active);
+                if record.phase == Phase::Reversible && stopped {
+                    way_back_stopped_by =
+                        self.way_back_stopped_by(&directory, &record, &side).await;
                 }
             }
         }
@@ -601,7 +604,38 @@ impl Mover {
             record,
             driver,
             slot,
+            way_back_stopped_by,
         })
+    }
+
+    /// A session on `shard`, or none while it cannot be reached.
+    async fn reach(&self, directory: &Client, shard: &str) -> Option<Side> {
+        let endpoint = registry::endpoint(directory, &self.overrides, shard)
+            .await
+            .ok()?;
+        Side::connect(endpoint, None).await.ok()
+    }
+
+    /// The value that stops `record`'s way back (`target` its way back's start), if one does;
+    /// what keeps it from being read is logged, not returned: `status` still answers.
+    async fn way_back_stopped_by(
+        &self,
+        directory: &Client,
+        record: &MoveRecord,
+        target: &Side,
+    ) -> Option<status::way_back::Unreadable> {
+        let source = self.reach(directory, &record.source_shard).await?;
+        let name = logical::way_back_name(record.move_id);
+        status::way_back::unreadable(&target.client, &source.client, &name)
+            .await
+            .unwrap_or_else(|err| {
+                tracing::warn!(
+                    target: "shard_directory_mover::status",
+                    "move {}: what stops its way back cannot be read: {err}",
+                    record.move_id
+                );
+                None
+            })
     }
 
     /// Every move, newest first: only the open ones with `open_only`, only those started at or

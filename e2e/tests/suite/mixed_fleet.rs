@@ -7,7 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use shard_directory_client::{DirectoryConfig, EntityKey};
+use shard_directory_client::{DirectoryConfig, EntityKey, Router};
+use shard_directory_e2e::mover_cli;
 use shard_directory_e2e::topology::LOGICAL_SOURCE_GRANTS;
 use shard_directory_e2e::workload::{refusals, Audit, Ledger, Workload};
 use shard_directory_e2e::{eventually, Topology};
@@ -377,4 +378,134 @@ async fn a_role_without_superuser_moves_logically_onto_18_and_is_told_what_15_ne
         "{failure}"
     );
     assert_eq!(t.placement("a").await, "shard_2");
+}
+
+/// How long the way back gets to stream, or to stop and be named.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// A table whose values differ most between the majors: `interval 'infinity'` is new in 17.
+const PLANS: &str = "
+    CREATE TABLE plans (
+        tenant_id text     NOT NULL,
+        plan_id   int      NOT NULL,
+        period    interval NOT NULL,
+        PRIMARY KEY (tenant_id, plan_id));
+    SELECT shard_directory.protect('plans', 'tenant_id', 'tenant');";
+
+/// `tenant`'s plan `id` through the router, wherever the tenant lives.
+async fn plan(router: &Router, tenant: &str, id: i32, period: &str) {
+    let written: Result<(), shard_directory_client::Error> = router
+        .run(&EntityKey::new("tenant", tenant), async |tx| {
+            tx.execute(
+                "INSERT INTO plans VALUES ($1, $2, $3::text::interval)",
+                &[&tenant, &id, &period],
+            )
+            .await?;
+            Ok(())
+        })
+        .await;
+    written.unwrap_or_else(|e| panic!("plan {id} of {tenant}: {e}"));
+}
+
+/// The plans `shard` holds of `tenant`, as text.
+async fn plans(t: &Topology, shard: &str, tenant: &str) -> Vec<String> {
+    let rows = t
+        .shard(shard)
+        .await
+        .query(
+            "SELECT plan_id || ' ' || period FROM plans WHERE tenant_id = $1 ORDER BY plan_id",
+            &[&tenant],
+        )
+        .await
+        .unwrap();
+    rows.iter().map(|r| r.get(0)).collect()
+}
+
+/// Upgrading a tenant from 16 to 17 with a way back: once the application writes a value only
+/// 17 can hold, the way back to 16 stops at it for good, and `status` names that value, with
+/// 16's own error, and what is left to do: finalize, which keeps every row on 17.
+#[tokio::test]
+async fn status_names_the_value_that_stops_a_way_back_to_an_older_major() {
+    let t = Topology::mixed("way-back-value", 17, &[16, 17]).await;
+    for (shard, _) in &t.shards {
+        t.shard(shard).await.batch_execute(PLANS).await.unwrap();
+    }
+    t.add_tenant("a", "shard_1").await;
+    let router = t.connected_router().await;
+    plan(&router, "a", 1, "1 mon").await;
+    let reversible = MoveOptions {
+        reversible: true,
+        max_freeze: Duration::from_secs(7),
+        ..Default::default()
+    };
+    let there = t
+        .mover(reversible)
+        .start(&EntityKey::new("tenant", "a"), "shard_2")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(there.phase, Phase::Reversible);
+    // The way back streams what 16 can hold...
+    plan(&router, "a", 2, "3 days").await;
+    eventually("plan 2 back on 16", DEADLINE, || async {
+        (plans(&t, "shard_1", "a").await.len() == 2).then_some(())
+    })
+    .await;
+    // ...and stops at what it cannot.
+    plan(&router, "a", 3, "infinity").await;
+    plan(&router, "a", 4, "1 year").await;
+    let mover = t.mover(MoveOptions::default());
+    let stopped = eventually("status to name the value", DEADLINE, || async {
+        mover
+            .status_detail(there.move_id)
+            .await
+            .ok()?
+            .way_back_stopped_by
+    })
+    .await;
+    assert_eq!(
+        (
+            stopped.table.as_str(),
+            stopped.column.as_str(),
+            stopped.type_name.as_str(),
+            stopped.value.as_str(),
+            stopped.sqlstate.as_str()
+        ),
+        ("public.plans", "period", "interval", "infinity", "22007"),
+        "{stopped}"
+    );
+    assert!(stopped.error.contains("infinity"), "{stopped}");
+    assert_eq!(plans(&t, "shard_1", "a").await, ["1 1 mon", "2 3 days"]);
+
+    let out = mover_cli::command(&t)
+        .args(["status", &there.move_id.to_string()])
+        .output()
+        .await
+        .unwrap();
+    let text = mover_cli::succeeded(&out);
+    assert!(
+        text.contains(
+            "the way back stopped at a value shard_1 cannot read: public.plans.period = \
+             'infinity' (interval)"
+        ) && text.contains(&format!("`finalize {}` keeps it on shard_2", there.move_id)),
+        "{text}"
+    );
+    let out = mover_cli::command(&t)
+        .args(["status", &there.move_id.to_string(), "--json"])
+        .output()
+        .await
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_str(&mover_cli::succeeded(&out)).unwrap();
+    assert_eq!(json["way_back_stopped_by"]["value"], "infinity", "{json}");
+
+    // What is left: finalize, and every plan stays on 17.
+    let done = mover
+        .finalize(there.move_id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(done.phase, Phase::Done);
+    assert_eq!(t.placement("a").await, "shard_2");
+    assert_eq!(
+        plans(&t, "shard_2", "a").await,
+        ["1 1 mon", "2 3 days", "3 infinity", "4 1 year"]
+    );
 }

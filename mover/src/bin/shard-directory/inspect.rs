@@ -41,6 +41,15 @@ pub async fn status(mover: &Mover, print: Print, move_id: Option<i64>) -> Result
                 }
             ));
         }
+        if let Some(value) = &status.way_back_stopped_by {
+            let r = &status.record;
+            out.push_str(&format!(
+                "\n  the way back stopped at a value {} cannot read: {value}; the way back \
+                 carries every change in order, so the tenant cannot go back to {}: \
+                 `finalize {}` keeps it on {}",
+                r.source_shard, r.source_shard, r.move_id, r.target_shard
+            ));
+        }
         out
     });
     Ok(())

@@ -3,6 +3,7 @@
 
 pub(crate) mod initial_copy;
 pub(crate) mod logical;
+pub(crate) mod pgoutput;
 pub(crate) mod tablesync;
 
 use std::time::{Duration, Instant};

@@ -1,5 +1,8 @@
 //! What `status` reports beyond the record: who drives the move now, and what its replication
-//! slot keeps on the source. Its JSON form is stable for scripts (`schema_version`).
+//! slot keeps on the source, and what stopped a way back. Its JSON form is stable for scripts
+//! (`schema_version`).
+
+pub(crate) mod way_back;
 
 use serde::Serialize;
 use tokio_postgres::Client;
@@ -20,6 +23,9 @@ pub struct MoveStatus {
     /// The move's slot on the source, while it exists (logical moves); a reversible move's way
     /// back's, on its target (not `active`: the way back is not streaming).
     pub slot: Option<Slot>,
+    /// The value that stops a reversible move's way back, when one does (its slot not streaming):
+    /// the source cannot read it.
+    pub way_back_stopped_by: Option<way_back::Unreadable>,
 }
 
 /// A session that holds a move's lock.
