@@ -45,6 +45,7 @@ cargo build -p shard-directory-mover --bin shard-directory --features failpoints
 # --show-output: the proof prints its counts (acked, retried by reason, moves, freeze, the kill).
 cargo test -p shard-directory-e2e -p shard-directory-demo -p shard-directory-client \
   -p shard-directory-mover -p shard-directory-relay -p shard-directory-connect \
+  -p shard-directory-conformance \
   -p shard-directory-protocol --features shard-directory-protocol/serde \
   -- --show-output 2>&1 | tee -a "$log"
 

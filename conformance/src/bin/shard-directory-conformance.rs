@@ -1,0 +1,56 @@
+//! Runs the conformance scenarios against a client's driver:
+//! `shard-directory-conformance --driver "python3 -m shard_directory.conformance"`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+/// Runs the scenarios, each on a fleet of its own, one after the other; exits 1 if any failed.
+#[derive(Parser)]
+#[command(version)]
+struct Cli {
+    /// The driver, run by `sh -c`: JSON lines on its stdin and stdout (conformance/README.md).
+    #[arg(long)]
+    driver: String,
+    /// Only the scenarios whose name contains this.
+    #[arg(long)]
+    only: Option<String>,
+    /// Another folder of scenarios than the shipped one.
+    #[arg(long)]
+    scenarios: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let dir = cli
+        .scenarios
+        .unwrap_or_else(shard_directory_conformance::shipped);
+    let scenarios = match shard_directory_conformance::load(&dir) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut failed = 0;
+    for s in scenarios.iter().filter(|s| {
+        cli.only
+            .as_ref()
+            .is_none_or(|o| s.name.contains(o.as_str()))
+    }) {
+        match shard_directory_conformance::run(s, &cli.driver).await {
+            Ok(()) => println!("ok   {}", s.name),
+            Err(e) => {
+                failed += 1;
+                println!("FAIL {e}");
+            }
+        }
+    }
+    if failed > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
