@@ -5,8 +5,10 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use shard_directory_e2e::pgbouncer::PgBouncer;
+use shard_directory_e2e::redis::RedisServer;
 use shard_directory_e2e::topology::{DIRECTORY_DB, SHARD_DB};
-use shard_directory_e2e::Topology;
+use shard_directory_e2e::{mover_cli, ColdCopy, Topology};
 use tokio::sync::oneshot;
 
 use crate::driver::{self, Broken, Driver};
@@ -16,6 +18,9 @@ use crate::scenario::{matches, Scenario, Step};
 pub const WRITE: &str = "INSERT INTO orders (tenant_id, item) VALUES ($1, $2)";
 /// What a `read` step runs: the tenant's order count, as text.
 pub const READ: &str = "SELECT count(*)::text FROM orders WHERE tenant_id = $1";
+
+/// The key the relay seals its messages with, given to the client as text.
+const RELAY_KEY: &str = "the conformance relay's key";
 
 /// How a scenario failed: the step (counted from 1, 0 for the set-up) and why.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +52,24 @@ pub async fn run(s: &Scenario, command: &str) -> Result<(), Failure> {
         "directory": t.directory.conn_str(DIRECTORY_DB),
         "shards": shards,
     });
+    // Kept until the scenario ends (each is stopped on drop).
+    let pooler = match s.fleet.pooler {
+        true => Some(PgBouncer::start(&t.directory, 2).await),
+        false => None,
+    };
+    if let Some(pooler) = &pooler {
+        open["directory"] = pooler.conn_str(DIRECTORY_DB).into();
+        open["pooled"] = true.into();
+    }
+    let relay = match s.fleet.relay {
+        true => {
+            let redis = RedisServer::start().await;
+            let relay = mover_cli::relay(&t, &redis.url(), RELAY_KEY.as_bytes(), "postgres");
+            open["relay"] = json!({"url": redis.url(), "key": RELAY_KEY});
+            Some((redis, relay))
+        }
+        false => None,
+    };
     if let (Some(o), Value::Object(options)) = (open.as_object_mut(), json!(s.client)) {
         o.extend(options);
     }
@@ -57,28 +80,38 @@ pub async fn run(s: &Scenario, command: &str) -> Result<(), Failure> {
     if opened.get("ok").is_none() {
         return Err(fail(0, format!("open: {opened}")));
     }
-    let mut background: HashMap<String, oneshot::Receiver<Value>> = HashMap::new();
+    let mut kept = Kept::default();
     for (i, step) in s.steps.iter().enumerate() {
         let at = i + 1;
-        step_on(&t, &driver, step, &mut background)
+        step_on(&t, &driver, step, &mut kept)
             .await
             .map_err(|why| fail(at, format!("{step:?}: {why}")))?;
     }
-    if let Some(name) = background.keys().next() {
+    if let Some(name) = kept.background.keys().next() {
         return Err(fail(s.steps.len(), format!("`{name}` was never awaited")));
     }
-    driver
+    let closed = driver
         .close()
         .await
-        .map_err(|e| fail(s.steps.len(), e.to_string()))
+        .map_err(|e| fail(s.steps.len(), e.to_string()));
+    drop((relay, pooler));
+    closed
+}
+
+/// What steps leave for later ones: background answers, cold copies.
+#[derive(Default)]
+struct Kept {
+    background: HashMap<String, oneshot::Receiver<Value>>,
+    copies: HashMap<String, ColdCopy>,
 }
 
 async fn step_on(
     t: &Topology,
     driver: &Driver,
     step: &Step,
-    background: &mut HashMap<String, oneshot::Receiver<Value>>,
+    kept: &mut Kept,
 ) -> Result<(), String> {
+    let background = &mut kept.background;
     let broken = |e: Broken| e.to_string();
     match step {
         Step::Sql { on, run } => {
@@ -157,6 +190,16 @@ async fn step_on(
                 .execute("SELECT shard_directory.raise_min_accepted($1)", &[&version])
                 .await
                 .map_err(|e| e.to_string())?;
+        }
+        Step::ColdCopy { name } => {
+            kept.copies.insert(name.clone(), t.directory.cold_copy());
+        }
+        Step::Restore { name } => {
+            let copy = kept
+                .copies
+                .get(name)
+                .ok_or_else(|| format!("no cold copy `{name}`"))?;
+            t.directory.restore_cold_copy(copy);
         }
         Step::Stop { server } => cluster(t, server)?.stop(),
         Step::Start { server } => cluster(t, server)?.restart(),

@@ -22,6 +22,9 @@ pub struct Scenario {
     pub shards: usize,
     /// Tenants and the shard each starts on.
     pub tenants: BTreeMap<String, String>,
+    /// What stands between the client and the directory.
+    #[serde(default)]
+    pub fleet: Fleet,
     /// How the client is opened (the driver's `open`).
     #[serde(default)]
     pub client: ClientOptions,
@@ -30,6 +33,21 @@ pub struct Scenario {
 
 fn two() -> usize {
     2
+}
+
+/// What the client reaches the directory through, besides its own sessions.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fleet {
+    /// The directory's conninfo is a PgBouncer's in transaction mode: a LISTEN there is not
+    /// heard (the pooler lends its server connection to others), and named prepared statements
+    /// do not survive a transaction. `open` says `pooled: true`.
+    #[serde(default)]
+    pub pooler: bool,
+    /// A `shard-directory relay` publishes the directory's changes through Redis; `open` gives
+    /// the client `relay: {url, key}` to follow it instead of a LISTEN of its own.
+    #[serde(default)]
+    pub relay: bool,
 }
 
 /// The driver's `open` options beyond the conninfos.
@@ -77,6 +95,14 @@ pub enum Step {
     /// failover: every client that has not read that far is refused `stale`.
     RaiseMinAccepted {
         shard: String,
+    },
+    /// The directory copied while stopped (a cold backup, kept as `name`), and started again;
+    /// `restore` puts a copy back in its place: every commit since is lost.
+    ColdCopy {
+        name: String,
+    },
+    Restore {
+        name: String,
     },
     /// A server stops (fast), or starts again.
     Stop {

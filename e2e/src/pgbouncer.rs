@@ -70,12 +70,15 @@ impl PgBouncer {
 
     /// Connection settings for `db` through this PgBouncer.
     pub fn config(&self, db: &str) -> tokio_postgres::Config {
+        self.conn_str(db).parse().expect("valid connection string")
+    }
+
+    /// The same as a libpq-style connection string.
+    pub fn conn_str(&self, db: &str) -> String {
         format!(
             "host=127.0.0.1 port={} user=postgres dbname={db}",
             self.port
         )
-        .parse()
-        .expect("valid connection string")
     }
 
     pub fn log(&self) -> String {

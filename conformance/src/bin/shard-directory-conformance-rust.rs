@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use shard_directory_client::{
-    Directory, DirectoryConfig, EntityKey, Error, Reads, RetryPolicy, Router, ShardConfig, Stats,
+    Directory, DirectoryConfig, EntityKey, Error, Reads, RelayConfig, RetryPolicy, Router,
+    ShardConfig, Statements, Stats,
 };
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, RwLock};
@@ -165,7 +166,30 @@ async fn open(r: &Value) -> Result<Open, Error> {
             .listen(false)
             .poll_interval(Duration::from_secs(3600));
     }
+    // Behind a transaction-mode pooler, statements are not prepared by name (they would not
+    // outlive the transaction's server connection).
+    let pooled = r.get("pooled").and_then(Value::as_bool) == Some(true);
+    if pooled {
+        config = config.statements(Statements::Unnamed);
+    }
+    if let Some(relay) = r.get("relay") {
+        let text = |field: &str| relay.get(field).and_then(Value::as_str).unwrap_or_default();
+        config = config.relay(RelayConfig::new(
+            text("url"),
+            text("key").as_bytes().to_vec(),
+        ));
+    }
     let directory = Directory::connect(conninfo(r.get("directory"))?, config).await?;
+    // Open means ready: its watcher (or relay) connected, so that what it caches it keeps
+    // (until then every lookup reads the directory).
+    let connected = async {
+        while !directory.is_connected() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(15), connected)
+        .await
+        .map_err(|_| Error::Config("the watcher did not connect within 15 s".into()))?;
     let mut shards = Vec::new();
     for (name, c) in r
         .get("shards")
