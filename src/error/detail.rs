@@ -15,11 +15,12 @@ pub enum Rejection {
 }
 
 impl Rejection {
-    pub const ALL: [Rejection; 5] = [
+    pub const ALL: [Rejection; 6] = [
         Rejection::Refused(Reason::Stale),
         Rejection::Refused(Reason::Missing),
         Rejection::Refused(Reason::Frozen),
         Rejection::Refused(Reason::Moved),
+        Rejection::Refused(Reason::TruncateFenced),
         Rejection::Invalid,
     ];
 
@@ -41,6 +42,7 @@ impl SdError {
             }
             Self::EntityFrozen { .. } => Some(Rejection::Refused(Reason::Frozen)),
             Self::EntityMoved { .. } => Some(Rejection::Refused(Reason::Moved)),
+            Self::TruncateFenced { .. } => Some(Rejection::Refused(Reason::TruncateFenced)),
             Self::InvalidSetting { .. } | Self::PartialEntity { .. } => Some(Rejection::Invalid),
             _ => None,
         }

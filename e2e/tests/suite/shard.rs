@@ -408,6 +408,15 @@ async fn stats_count_rejections_across_backends_when_preloaded() {
         .await
         .unwrap_err();
     assert_eq!(retryable(&err).1["reason"], "missing");
+    // A TRUNCATE while tenant 3 is frozen here: it would wipe the rows its cutover carries.
+    let err = a
+        .batch_execute(
+            "BEGIN; SELECT set_config('app.directory_version', '10', true); TRUNCATE orders",
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(retryable(&err).1["reason"], "truncate_fenced");
+    a.batch_execute("ROLLBACK").await.unwrap();
 
     let rows = dba
         .query(
@@ -418,12 +427,13 @@ async fn stats_count_rejections_across_backends_when_preloaded() {
         .unwrap();
     let stats: Vec<(String, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     let expected = [
-        ("checks", 5),
+        ("checks", 6),
         ("frozen", 1),
         ("invalid", 0),
         ("missing", 1),
         ("moved", 0),
         ("stale", 2),
+        ("truncate_fenced", 1),
     ];
     assert_eq!(stats, expected.map(|(r, n)| (r.to_owned(), n)).to_vec());
 }
