@@ -38,3 +38,4 @@ mod shard_sql;
 mod shared_cache;
 mod sweep;
 mod upgrade;
+mod way_back_status;

@@ -1,6 +1,6 @@
 //! The part of PostgreSQL's logical replication protocol (`pgoutput`, version 1) that says which
-//! values a transaction writes: relations, and the new rows of inserts and updates, each value in
-//! its text form. `status` reads a stopped way back's next changes with it
+//! values a transaction writes: relations, the new rows of inserts and updates (and an update's
+//! old key), each value in its text form, and where the transaction ends. `status` reads a stopped way back's next changes with it
 //! (`pg_logical_slot_peek_binary_changes`), to name the value its subscriber cannot take.
 //! Layout: PostgreSQL's "Logical Replication Message Formats".
 
@@ -14,6 +14,9 @@ pub(crate) struct Relation {
     pub table: String,
     /// Its columns' names, in the order of a row's values.
     pub columns: Vec<String>,
+    /// Whether each column is part of the key the subscriber finds a row by (its replica
+    /// identity: the primary key's columns, or every column with `REPLICA IDENTITY FULL`).
+    pub key: Vec<bool>,
 }
 
 /// One value of a row: its text form, or none (NULL, or a TOASTed value the change left as it
@@ -24,12 +27,16 @@ pub(crate) type Value = Option<String>;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Message {
     Relation(Relation),
-    /// An insert's row, or an update's new row, of relation `relation`.
+    /// An insert's row, or an update's new row, of relation `relation`; an update's `old` key
+    /// (or whole old row) when it sent one: the key changed, or the identity is `FULL`.
     Row {
         relation: u32,
         values: Vec<Value>,
+        old: Option<Vec<Value>>,
     },
-    /// Every other message (begin, commit, delete, truncate, type, origin, logical message).
+    /// The end of a transaction.
+    Commit,
+    /// Every other message (begin, delete, truncate, type, origin, logical message).
     Other,
 }
 
@@ -48,9 +55,9 @@ pub(crate) fn parse(mut m: &[u8]) -> Result<Message, Malformed> {
             let table = take_cstr(&mut m)?;
             take_u8(&mut m)?; // replica identity
             let count = take_u16(&mut m)?;
-            let mut columns = Vec::with_capacity(usize::from(count));
+            let (mut columns, mut key) = (Vec::new(), Vec::new());
             for _ in 0..count {
-                take_u8(&mut m)?; // flags: part of the key
+                key.push(take_u8(&mut m)? & 1 == 1);
                 columns.push(take_cstr(&mut m)?);
                 take_u32(&mut m)?; // type OID
                 take_u32(&mut m)?; // type modifier
@@ -60,6 +67,7 @@ pub(crate) fn parse(mut m: &[u8]) -> Result<Message, Malformed> {
                 schema,
                 table,
                 columns,
+                key,
             }))
         }
         b'I' => {
@@ -68,13 +76,15 @@ pub(crate) fn parse(mut m: &[u8]) -> Result<Message, Malformed> {
             Ok(Message::Row {
                 relation,
                 values: tuple(&mut m)?,
+                old: None,
             })
         }
         b'U' => {
             let relation = take_u32(&mut m)?;
             let mut marker = take_u8(&mut m)?;
+            let mut old = None;
             if marker == b'K' || marker == b'O' {
-                tuple(&mut m)?; // the old key or row
+                old = Some(tuple(&mut m)?);
                 marker = take_u8(&mut m)?;
             }
             if marker != b'N' {
@@ -83,8 +93,10 @@ pub(crate) fn parse(mut m: &[u8]) -> Result<Message, Malformed> {
             Ok(Message::Row {
                 relation,
                 values: tuple(&mut m)?,
+                old,
             })
         }
+        b'C' => Ok(Message::Commit),
         _ => Ok(Message::Other),
     }
 }
@@ -188,6 +200,7 @@ mod tests {
             (16_384, "public", "invoices")
         );
         assert_eq!(r.columns, ["tenant_id", "period"]);
+        assert_eq!(r.key, [true, true]);
     }
 
     #[test]
@@ -200,7 +213,8 @@ mod tests {
             parse(&insert).unwrap(),
             Message::Row {
                 relation: 16_384,
-                values: vec![Some("t1".into()), Some("infinity".into())]
+                values: vec![Some("t1".into()), Some("infinity".into())],
+                old: None,
             }
         );
         // An update with its old row first: the new one is what it writes.
@@ -210,11 +224,13 @@ mod tests {
         update.extend(row(&[Some("t1"), None]));
         update.push(b'N');
         update.extend(row(&[Some("t1"), Some("-infinity")]));
-        let Message::Row { values, .. } = parse(&update).unwrap() else {
+        let Message::Row { values, old, .. } = parse(&update).unwrap() else {
             panic!("not a row");
         };
         assert_eq!(values, [Some("t1".into()), Some("-infinity".into())]);
+        assert_eq!(old, Some(vec![Some("t1".into()), None]));
         assert_eq!(parse(b"B\0\0").unwrap(), Message::Other);
+        assert_eq!(parse(b"C\0").unwrap(), Message::Commit);
     }
 
     #[test]
