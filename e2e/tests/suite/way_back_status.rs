@@ -6,8 +6,9 @@
 use std::time::Duration;
 
 use shard_directory_client::{EntityKey, Router};
+use shard_directory_e2e::mover_cli;
 use shard_directory_e2e::{eventually, within, Topology};
-use shard_directory_mover::{MoveOptions, Phase};
+use shard_directory_mover::{MoveOptions, Phase, Unreadable};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -115,6 +116,20 @@ async fn way_back_stopped(t: &Topology, id: i64) {
     .await;
 }
 
+/// What `status` names as stopping move `id`'s way back, asked until it names something or
+/// `wait` has passed.
+async fn named(t: &Topology, id: i64, wait: Duration) -> Option<Unreadable> {
+    let mover = t.mover(MoveOptions::default());
+    within(wait, || async {
+        mover
+            .status_detail(id)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .way_back_stopped_by
+    })
+    .await
+}
+
 /// Slots `status` may have left on the target.
 async fn peek_slots(t: &Topology) -> Vec<String> {
     let rows = t
@@ -127,6 +142,63 @@ async fn peek_slots(t: &Topology) -> Vec<String> {
         .await
         .unwrap();
     rows.iter().map(|r| r.get(0)).collect()
+}
+
+/// Upgrading a tenant from 16 to 17 with a way back: once the application writes a value only
+/// 17 can hold, the way back to 16 stops at it for good, and `status` names that value, with
+/// 16's own error, and what is left to do: finalize, which keeps every row on 17.
+#[tokio::test]
+async fn status_names_the_value_that_stops_a_way_back_to_an_older_major() {
+    let (t, router, id) = reversible("way-back-value").await;
+    plan(&router, "a", 3, "infinity").await;
+    plan(&router, "a", 4, "1 year").await;
+    let stopped = named(&t, id, DEADLINE)
+        .await
+        .expect("status names the value");
+    assert_eq!(
+        (
+            stopped.table.as_str(),
+            stopped.column.as_str(),
+            stopped.type_name.as_str(),
+            stopped.value.as_str(),
+            stopped.sqlstate.as_str()
+        ),
+        ("public.plans", "period", "interval", "infinity", "22007"),
+        "{stopped}"
+    );
+    assert!(stopped.error.contains("infinity"), "{stopped}");
+    assert_eq!(plan_ids(&t, "shard_1").await, [1, 2]);
+
+    let status = |json: bool| {
+        let mut c = mover_cli::command(&t);
+        c.args(["status", &id.to_string()]);
+        if json {
+            c.arg("--json");
+        }
+        c
+    };
+    let text = mover_cli::succeeded(&status(false).output().await.unwrap());
+    assert!(
+        text.contains(
+            "the way back stopped at a value shard_1 cannot read: public.plans.period = \
+             'infinity' (interval)"
+        ) && text.contains(&format!("`finalize {id}` keeps it on shard_2")),
+        "{text}"
+    );
+    let json = mover_cli::succeeded(&status(true).output().await.unwrap());
+    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(json["way_back_stopped_by"]["value"], "infinity", "{json}");
+
+    // What is left: finalize, and every plan stays on 17.
+    let done = t
+        .mover(MoveOptions::default())
+        .finalize(id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(done.phase, Phase::Done);
+    assert_eq!(t.placement("a").await, "shard_2");
+    assert_eq!(peek_slots(&t).await, Vec::<String>::new());
+    assert_eq!(plan_ids(&t, "shard_2").await, [1, 2, 3, 4]);
 }
 
 /// The way back stops at a CHECK violation on the source (plan 100, every value of it readable
@@ -151,16 +223,8 @@ async fn a_check_violation_that_stops_the_way_back_is_not_blamed_on_a_later_valu
     );
     plan(&router, "a", 5, "infinity").await;
 
-    let mover = t.mover(MoveOptions::default());
     // The peek sees only flushed WAL: give status a few seconds to see plan 5.
-    let named = within(Duration::from_secs(10), || async {
-        mover
-            .status_detail(id)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .way_back_stopped_by
-    })
-    .await;
+    let named = named(&t, id, Duration::from_secs(10)).await;
     assert_eq!(peek_slots(&t).await, Vec::<String>::new());
     assert_eq!(plan_ids(&t, "shard_1").await, [1, 2]);
     assert!(
@@ -221,15 +285,7 @@ async fn a_value_the_source_never_reads_is_not_named_as_the_stop() {
     .await;
     plan(&router, "a", 9, "2 days").await;
 
-    let mover = t.mover(MoveOptions::default());
-    let named = within(Duration::from_secs(10), || async {
-        mover
-            .status_detail(id)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .way_back_stopped_by
-    })
-    .await;
+    let named = named(&t, id, Duration::from_secs(10)).await;
     assert_eq!(peek_slots(&t).await, Vec::<String>::new());
 
     // Turned on again, the way back goes past the UPDATE and applies plan 9.
@@ -287,11 +343,7 @@ async fn a_bulk_insert_just_before_the_value_hides_it() {
     way_back_stopped(&t, id).await;
     let applied = plan_ids(&t, "shard_1").await.len();
 
-    let mover = t.mover(MoveOptions::default());
-    let named = within(DEADLINE, || async {
-        mover.status_detail(id).await.ok()?.way_back_stopped_by
-    })
-    .await;
+    let named = named(&t, id, DEADLINE).await;
     let confirmed: String = t
         .shard("shard_2")
         .await
