@@ -114,7 +114,7 @@ impl Driver {
     }
 }
 
-/// The answer `rx` brings, within [`ANSWER_BOUND`], without its `id`.
+/// The answer `rx` brings, within `ANSWER_BOUND` (90 s), without its `id`.
 pub async fn answer(op: &str, rx: oneshot::Receiver<Value>) -> Result<Value, Broken> {
     match tokio::time::timeout(ANSWER_BOUND, rx).await {
         Ok(Ok(mut answer)) => {
