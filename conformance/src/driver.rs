@@ -24,6 +24,9 @@ pub struct Driver {
     stdin: tokio::sync::Mutex<ChildStdin>,
     pending: Pending,
     next: Mutex<u64>,
+    /// What it wrote that answered no request (not JSON, an unknown or no id): said when an
+    /// answer does not come.
+    stray: Arc<Mutex<Vec<String>>>,
 }
 
 /// An answer that never came: the driver exited, hung or wrote something else.
@@ -44,27 +47,31 @@ impl Driver {
         let stdin = child.stdin.take().expect("piped stdin");
         let stdout = child.stdout.take().expect("piped stdout");
         let pending: Pending = Arc::default();
-        let answers = pending.clone();
+        let stray: Arc<Mutex<Vec<String>>> = Arc::default();
+        let (answers, strays) = (pending.clone(), stray.clone());
         tokio::spawn(async move {
             let mut lines = BufReader::new(stdout).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                let Ok(answer) = serde_json::from_str::<Value>(&line) else {
-                    eprintln!("driver wrote a line that is not JSON: {line}");
-                    continue;
-                };
-                let id = answer.get("id").and_then(Value::as_u64);
+                let answer = serde_json::from_str::<Value>(&line).ok();
+                let id = answer
+                    .as_ref()
+                    .and_then(|a| a.get("id"))
+                    .and_then(Value::as_u64);
                 let waiting = id.and_then(|id| answers.lock().unwrap().remove(&id));
-                match waiting {
-                    Some(tx) => drop(tx.send(answer)),
-                    None => eprintln!("driver answered no request: {line}"),
+                match (waiting, answer) {
+                    (Some(tx), Some(answer)) => drop(tx.send(answer)),
+                    _ => strays.lock().unwrap().push(line),
                 }
             }
+            // Its stdout ended: no request still waiting will be answered.
+            answers.lock().unwrap().clear();
         });
         Ok(Driver {
             child,
             stdin: tokio::sync::Mutex::new(stdin),
             pending,
             next: Mutex::new(0),
+            stray,
         })
     }
 
@@ -98,12 +105,46 @@ impl Driver {
     /// Sends `op` and waits for its answer (without its `id`).
     pub async fn ask(&self, op: &str, fields: Value) -> Result<Value, Broken> {
         let rx = self.send(op, fields).await?;
-        answer(op, rx).await
+        self.answer(op, rx).await
+    }
+
+    /// The answer `rx` brings, within `ANSWER_BOUND` (90 s), without its `id`: exactly one of
+    /// `ok` and `error`.
+    pub async fn answer(&self, op: &str, rx: oneshot::Receiver<Value>) -> Result<Value, Broken> {
+        let strays = || {
+            let stray = self.stray.lock().unwrap();
+            match stray.is_empty() {
+                true => String::new(),
+                false => format!("; it wrote, answering no request: {}", stray.join(" | ")),
+            }
+        };
+        let mut answer = match tokio::time::timeout(ANSWER_BOUND, rx).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => return Err(Broken(format!("exited before answering {op}{}", strays()))),
+            Err(_) => {
+                return Err(Broken(format!(
+                    "did not answer {op} within {ANSWER_BOUND:?}{}",
+                    strays()
+                )))
+            }
+        };
+        if let Some(a) = answer.as_object_mut() {
+            a.remove("id");
+            if a.contains_key("ok") == a.contains_key("error") {
+                return Err(Broken(format!(
+                    "answered {op} with {answer}: neither or both of `ok` and `error`"
+                )));
+            }
+        }
+        Ok(answer)
     }
 
     /// Closes the client and waits for the driver to exit.
     pub async fn close(mut self) -> Result<(), Broken> {
-        self.ask("close", json!({})).await?;
+        let closed = self.ask("close", json!({})).await?;
+        if closed.get("ok").is_none() {
+            return Err(Broken(format!("answered close with {closed}")));
+        }
         drop(self.stdin);
         match tokio::time::timeout(ANSWER_BOUND, self.child.wait()).await {
             Ok(Ok(status)) if status.success() => Ok(()),
@@ -111,21 +152,5 @@ impl Driver {
             Ok(Err(e)) => Err(Broken(e.to_string())),
             Err(_) => Err(Broken(format!("did not exit within {ANSWER_BOUND:?}"))),
         }
-    }
-}
-
-/// The answer `rx` brings, within `ANSWER_BOUND` (90 s), without its `id`.
-pub async fn answer(op: &str, rx: oneshot::Receiver<Value>) -> Result<Value, Broken> {
-    match tokio::time::timeout(ANSWER_BOUND, rx).await {
-        Ok(Ok(mut answer)) => {
-            if let Some(a) = answer.as_object_mut() {
-                a.remove("id");
-            }
-            Ok(answer)
-        }
-        Ok(Err(_)) => Err(Broken(format!("exited before answering {op}"))),
-        Err(_) => Err(Broken(format!(
-            "did not answer {op} within {ANSWER_BOUND:?}"
-        ))),
     }
 }

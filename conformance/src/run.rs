@@ -11,7 +11,7 @@ use shard_directory_e2e::topology::{DIRECTORY_DB, SHARD_DB};
 use shard_directory_e2e::{mover_cli, ColdCopy, Topology};
 use tokio::sync::oneshot;
 
-use crate::driver::{self, Broken, Driver};
+use crate::driver::{Broken, Driver};
 use crate::scenario::{matches, Scenario, Step};
 
 /// What a `write` step runs: one order of the tenant.
@@ -123,7 +123,7 @@ async fn step_on(
             client
                 .batch_execute(run)
                 .await
-                .map_err(|e| format!("{on}: {e}"))?;
+                .map_err(|e| format!("{on}: {}", db(&e)))?;
         }
         Step::Move { tenant, to } => {
             t.move_tenant(tenant, to).await;
@@ -136,14 +136,14 @@ async fn step_on(
                     &[tenant, to],
                 )
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| db(&e))?;
         }
         Step::Freeze { tenant } => {
             t.dba()
                 .await
                 .execute("SELECT shard_directory.freeze('tenant', $1)", &[tenant])
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| db(&e))?;
             let (source, _) = t.entry("tenant", tenant).await;
             t.shard(&source)
                 .await
@@ -152,7 +152,7 @@ async fn step_on(
                     &[tenant],
                 )
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| db(&e))?;
         }
         Step::Cutover { tenant } => {
             let dba = t.dba().await;
@@ -163,7 +163,7 @@ async fn step_on(
                     &[tenant],
                 )
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| db(&e))?;
             let (source, target): (String, Option<String>) = (moving.get(0), moving.get(1));
             let target = target.ok_or_else(|| format!("{tenant} is not moving"))?;
             let version: i64 = dba
@@ -172,7 +172,7 @@ async fn step_on(
                     &[tenant],
                 )
                 .await
-                .map_err(|e| e.to_string())?
+                .map_err(|e| db(&e))?
                 .get(0);
             t.shard(&source)
                 .await
@@ -181,7 +181,7 @@ async fn step_on(
                     &[tenant, &target, &version],
                 )
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| db(&e))?;
         }
         Step::RaiseMinAccepted { shard } => {
             let version = t.step("SELECT shard_directory.current_version()").await;
@@ -189,7 +189,7 @@ async fn step_on(
                 .await
                 .execute("SELECT shard_directory.raise_min_accepted($1)", &[&version])
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| db(&e))?;
         }
         Step::ColdCopy { name } => {
             kept.copies.insert(name.clone(), t.directory.cold_copy());
@@ -245,7 +245,7 @@ async fn step_on(
                     background.insert(name.clone(), rx);
                 }
                 None => {
-                    let answer = driver::answer("write", rx).await.map_err(broken)?;
+                    let answer = driver.answer("write", rx).await.map_err(broken)?;
                     let expect = expect.clone().unwrap_or_else(|| json!({"ok": {}}));
                     expected(&expect, &answer)?;
                 }
@@ -255,7 +255,7 @@ async fn step_on(
             let rx = background
                 .remove(name)
                 .ok_or_else(|| format!("no background step `{name}`"))?;
-            expected(expect, &driver::answer(name, rx).await.map_err(broken)?)?;
+            expected(expect, &driver.answer(name, rx).await.map_err(broken)?)?;
         }
         Step::Read { tenant, expect } => {
             let answer = driver
@@ -286,6 +286,14 @@ async fn step_on(
         }
     }
     Ok(())
+}
+
+/// A database error with what the server said: its SQLSTATE and message.
+fn db(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => format!("{} {}", d.code().code(), d.message()),
+        None => e.to_string(),
+    }
 }
 
 fn expected(expect: &Value, answer: &Value) -> Result<(), String> {

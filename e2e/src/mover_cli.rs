@@ -16,12 +16,14 @@ pub fn binary() -> PathBuf {
         return PathBuf::from(path);
     }
     let exe = std::env::current_exe().expect("the test binary's path");
-    // target/<profile>/deps/<test> -> target/<profile>/shard-directory
+    // target/<profile>/deps/<test>, or target/<profile>/<program>: target/<profile>/shard-directory
     let bin = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps")
-        .join("shard-directory");
+        .ancestors()
+        .skip(1)
+        .take(2)
+        .map(|dir| dir.join("shard-directory"))
+        .find(|bin| bin.exists())
+        .unwrap_or_else(|| exe.with_file_name("shard-directory"));
     assert!(
         bin.exists(),
         "{} is missing: cargo build -p shard-directory-mover --bin shard-directory --features \
@@ -34,7 +36,10 @@ pub fn binary() -> PathBuf {
 /// `shard-directory relay` on `t`'s directory as `role`, publishing to the Redis at `url`
 /// with a heartbeat every 200 ms, sealed with `key` (killed on drop).
 pub fn relay(t: &Topology, url: &str, key: &[u8], role: &str) -> tokio::process::Child {
-    let key_file = std::env::temp_dir().join(format!("sd-relay-key-{}", fastrand::u64(..)));
+    // In the directory's folder: removed with it.
+    let key_file = t
+        .directory
+        .scratch_path(&format!("relay-key-{}", fastrand::u64(..)));
     std::fs::write(&key_file, [key, b"\n"].concat()).expect("write the relay's key");
     command(t)
         .env(
