@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use shard_directory_e2e::pgbouncer::PgBouncer;
 use shard_directory_e2e::redis::RedisServer;
 use shard_directory_e2e::topology::{DIRECTORY_DB, SHARD_DB};
-use shard_directory_e2e::{mover_cli, ColdCopy, Topology};
+use shard_directory_e2e::{mover_cli, Cluster, ColdCopy, Topology};
 use tokio::sync::oneshot;
 
 use crate::driver::{Broken, Driver};
@@ -98,11 +98,12 @@ pub async fn run(s: &Scenario, command: &str) -> Result<(), Failure> {
     closed
 }
 
-/// What steps leave for later ones: background answers, cold copies.
+/// What steps leave for later ones: background answers, cold copies, standbys.
 #[derive(Default)]
 struct Kept {
     background: HashMap<String, oneshot::Receiver<Value>>,
     copies: HashMap<String, ColdCopy>,
+    standbys: HashMap<String, Cluster>,
 }
 
 async fn step_on(
@@ -201,8 +202,26 @@ async fn step_on(
                 .ok_or_else(|| format!("no cold copy `{name}`"))?;
             t.directory.restore_cold_copy(copy);
         }
-        Step::Stop { server } => cluster(t, server)?.stop(),
-        Step::Start { server } => cluster(t, server)?.restart(),
+        Step::Standby { name } => {
+            let standby = t
+                .streaming_standby(&format!("{}-{name}", t.directory.name()))
+                .await;
+            kept.standbys.insert(name.clone(), standby);
+        }
+        Step::Failover { to } => {
+            let standby = kept
+                .standbys
+                .get(to)
+                .ok_or_else(|| format!("no standby `{to}`"))?;
+            t.directory.crash();
+            if !standby.is_running() {
+                standby.restart();
+            }
+            standby.promote();
+            t.directory.take_over(standby);
+        }
+        Step::Stop { server } => cluster(t, &kept.standbys, server)?.stop(),
+        Step::Start { server } => cluster(t, &kept.standbys, server)?.restart(),
         Step::Lookup {
             tenant,
             expect,
@@ -304,7 +323,12 @@ fn expected(expect: &Value, answer: &Value) -> Result<(), String> {
     }
 }
 
-fn cluster<'t>(t: &'t Topology, server: &str) -> Result<&'t shard_directory_e2e::Cluster, String> {
+/// The server `server` names: the directory, a shard, or a standby a step made.
+fn cluster<'t>(
+    t: &'t Topology,
+    standbys: &'t HashMap<String, Cluster>,
+    server: &str,
+) -> Result<&'t Cluster, String> {
     if server == "directory" {
         return Ok(&t.directory);
     }
@@ -312,6 +336,7 @@ fn cluster<'t>(t: &'t Topology, server: &str) -> Result<&'t shard_directory_e2e:
         .iter()
         .find(|(name, _)| name == server)
         .map(|(_, c)| c)
+        .or_else(|| standbys.get(server))
         .ok_or_else(|| format!("no server {server}"))
 }
 

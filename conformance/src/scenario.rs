@@ -104,6 +104,16 @@ pub enum Step {
     Restore {
         name: String,
     },
+    /// A streaming standby of the directory, named `name` (a server the steps can stop and
+    /// start); `failover` to it: the directory crashes, the standby is promoted and put at the
+    /// directory's address, as a virtual IP moves. A standby stopped meanwhile has lost what
+    /// the directory committed since: its history goes back.
+    Standby {
+        name: String,
+    },
+    Failover {
+        to: String,
+    },
     /// A server stops (fast), or starts again.
     Stop {
         server: String,

@@ -339,6 +339,13 @@ impl Cluster {
         self.restart();
     }
 
+    /// Whether the server runs (`pg_ctl status`).
+    pub fn is_running(&self) -> bool {
+        let mut pg_ctl = self.install.server_command("pg_ctl");
+        pg_ctl.arg("-D").arg(self.root.join("data")).arg("status");
+        pg_ctl.output().is_ok_and(|o| o.status.success())
+    }
+
     /// Stops the server (fast shutdown: sessions are disconnected), keeping its data.
     pub fn stop(&self) {
         let mut pg_ctl = self.install.server_command("pg_ctl");
