@@ -70,8 +70,10 @@ pub(crate) async fn unreadable(
     let applied: Option<String> = row.get(0);
     target
         .batch_execute(
-            // The text forms a walreceiver asks for.
-            "SET datestyle = ISO; SET intervalstyle = postgres; SET extra_float_digits = 3",
+            // The text forms a walreceiver asks for; and a bound: moving the copy and reading
+            // it decode the WAL the slot keeps, which a long stop on a busy target makes long.
+            "SET datestyle = ISO; SET intervalstyle = postgres; SET extra_float_digits = 3; \
+             SET statement_timeout = '30s'",
         )
         .await?;
     let copy: String = target
