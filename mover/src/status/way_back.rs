@@ -12,6 +12,8 @@
 //! as the subscriber skips it, its new values never read. Anything else that stops the way back
 //! (a constraint, a paused subscription, a source down) gets nothing named.
 
+use std::collections::HashMap;
+
 use futures_util::{pin_mut, TryStreamExt};
 use serde::Serialize;
 use tokio_postgres::types::ToSql;
@@ -121,7 +123,9 @@ async fn first_unapplied(
         )
         .await?;
     pin_mut!(rows);
-    let mut relations: Vec<Relation> = Vec::new();
+    // Each relation of the stream as the source has it, read once (the stream describes a
+    // relation before its first row).
+    let mut tables: HashMap<u32, Table> = HashMap::new();
     while let Some(row) = rows.try_next().await? {
         let message = match pgoutput::parse(row.get::<_, &[u8]>(0)) {
             Ok(m) => m,
@@ -132,8 +136,7 @@ async fn first_unapplied(
         };
         let (relation, values, old) = match message {
             Message::Relation(r) => {
-                relations.retain(|x| x.id != r.id);
-                relations.push(r);
+                tables.insert(r.id, Table::of(source, r).await?);
                 continue;
             }
             Message::Row {
@@ -144,10 +147,9 @@ async fn first_unapplied(
             Message::Commit => break,
             Message::Other => continue,
         };
-        let Some(r) = relations.iter().find(|r| r.id == relation) else {
+        let Some(table) = tables.get(&relation) else {
             continue;
         };
-        let table = Table::of(source, r).await?;
         // An update that sent its old key is found by it first; a row the source lacks is
         // skipped, its new values never read.
         if let Some(old) = &old {
@@ -168,8 +170,8 @@ async fn first_unapplied(
 
 /// A relation of the stream as the source has it: its name, quoted, and its columns (`None`: a
 /// column the source's table lacks, which the schema check names, not this).
-struct Table<'r> {
-    relation: &'r Relation,
+struct Table {
+    relation: Relation,
     name: String,
     columns: Vec<Option<Column>>,
 }
@@ -192,11 +194,8 @@ enum Holds {
     Unreadable(Unreadable),
 }
 
-impl<'r> Table<'r> {
-    async fn of(
-        source: &Client,
-        relation: &'r Relation,
-    ) -> Result<Table<'r>, tokio_postgres::Error> {
+impl Table {
+    async fn of(source: &Client, relation: Relation) -> Result<Table, tokio_postgres::Error> {
         let rows = source
             .query(
                 "SELECT r.oid::regclass::text, quote_ident(c.name), \
