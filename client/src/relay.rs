@@ -201,6 +201,7 @@ impl Subscriber {
                 }),
                 epoch: Some(change.epoch),
                 recovering: false,
+                server: None,
             }
         };
         self.watch

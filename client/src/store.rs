@@ -1,6 +1,6 @@
 //! The authoritative store: the directory database, read one round trip per query.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,11 +34,14 @@ macro_rules! fetch {
     };
 }
 
-/// Whether the server is a standby, as a column of every read: a replica's read is taken only
-/// while it is one (a promoted server goes on a history of its own).
+/// Which server answered, as columns of every read: whether it is a standby (a replica's read is
+/// taken only while it is one: a promoted server goes on a history of its own), and when its
+/// postmaster started (a restart, a restored copy and a promoted standby each are another server:
+/// a version one notified says nothing of another's).
 macro_rules! recovering {
     () => {
-        ", pg_catalog.pg_is_in_recovery() AS recovering"
+        ", pg_catalog.pg_is_in_recovery() AS recovering, \
+         (extract(epoch FROM pg_catalog.pg_postmaster_start_time()) * 1000000)::int8 AS server"
     };
 }
 
@@ -140,6 +143,9 @@ pub(crate) struct Changes {
     pub epoch: Option<String>,
     /// Whether the server read was a standby.
     pub recovering: bool,
+    /// Which server it was: its postmaster's start, in µs since 1970 (`None`: not read from a
+    /// server, a relay's message).
+    pub server: Option<i64>,
 }
 
 impl Changes {
@@ -165,6 +171,7 @@ impl Changes {
             changed,
             epoch: has("epoch").then(|| row.get("epoch")),
             recovering: row.get("recovering"),
+            server: Some(row.get("server")),
         }
     }
 
@@ -209,13 +216,35 @@ pub(crate) struct Store {
     /// When a query last came back, as time since `opened`.
     answered: AtomicU64,
     opened: Instant,
-    /// The newest version the primary itself read, in its epoch: a replica's read above it is
-    /// not taken, so that a standby still serving a history the primary went back from (a
-    /// restore) cannot bring that history back.
-    confirmed: std::sync::Mutex<(Option<String>, i64)>,
-    /// The newest version notified since the primary last read a new epoch: trusted as far as
-    /// the primary read, unless the directory went back in this epoch.
-    notified: AtomicI64,
+    /// The newest version the primary itself read, where: a replica's read above it is not
+    /// taken, so that a standby still serving a history the primary went back from (a restore)
+    /// cannot bring that history back.
+    confirmed: std::sync::Mutex<Said>,
+    /// The newest version notified, where the watcher's session heard it: trusted as far as
+    /// the primary read while that is the same server in the same epoch, unless the directory
+    /// went back in this epoch.
+    notified: std::sync::Mutex<Said>,
+}
+
+/// A version, and where it was said: the directory's epoch (`None`: an extension without one)
+/// and the server ([`Changes::server`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Said {
+    epoch: Option<String>,
+    server: Option<i64>,
+    version: i64,
+}
+
+impl Said {
+    const NOTHING: Said = Said {
+        epoch: None,
+        server: None,
+        version: i64::MIN,
+    };
+
+    fn at(&self, epoch: Option<&str>, server: Option<i64>) -> bool {
+        self.epoch.as_deref() == epoch && self.server == server
+    }
 }
 
 /// A connection-level failure means "unreachable", and so does a server that answers only to
@@ -272,8 +301,8 @@ impl Store {
             fetch: AtomicUsize::new(0),
             answered: AtomicU64::new(0),
             opened: Instant::now(),
-            confirmed: std::sync::Mutex::new((None, i64::MIN)),
-            notified: AtomicI64::new(i64::MIN),
+            confirmed: std::sync::Mutex::new(Said::NOTHING),
+            notified: std::sync::Mutex::new(Said::NOTHING),
         })
     }
 
@@ -318,37 +347,46 @@ impl Store {
         std::ptr::eq(pool, &self.pool)
     }
 
-    /// The primary read `version` in `epoch`. Below what it said before in that epoch: it went
-    /// back (a restore), or an older read ended late; either way replicas are trusted only up to
-    /// it until the primary says more.
-    pub fn primary_said(&self, epoch: Option<&str>, version: i64) {
-        let mut confirmed = self.confirmed.lock().expect("confirmed lock");
-        if confirmed.0.as_deref() != epoch {
-            self.notified.store(i64::MIN, Ordering::Relaxed);
-        }
-        if confirmed.0.as_deref() != epoch || confirmed.1 != version {
-            *confirmed = (epoch.map(str::to_owned), version);
+    /// The primary (`server`) read `version` in `epoch`. Below what it said before there: an
+    /// older read ended late (a server never goes back in its own epoch; a restore is another
+    /// server); replicas are trusted only up to it until the primary says more.
+    pub fn primary_said(&self, epoch: Option<&str>, server: Option<i64>, version: i64) {
+        *self.confirmed.lock().expect("confirmed lock") = Said {
+            epoch: epoch.map(str::to_owned),
+            server,
+            version,
+        };
+    }
+
+    /// The watcher's LISTEN session, on `server`, heard `version` notified in `epoch` (a hint:
+    /// anyone may NOTIFY).
+    pub fn primary_notified(&self, epoch: Option<&str>, server: Option<i64>, version: i64) {
+        let mut notified = self.notified.lock().expect("notified lock");
+        if notified.at(epoch, server) {
+            notified.version = notified.version.max(version);
+        } else {
+            *notified = Said {
+                epoch: epoch.map(str::to_owned),
+                server,
+                version,
+            };
         }
     }
 
-    /// The watcher's LISTEN session heard `version` notified (a hint: anyone may NOTIFY).
-    pub fn primary_notified(&self, version: i64) {
-        self.notified.fetch_max(version, Ordering::Relaxed);
-    }
-
-    /// What replicas may serve: reads in this epoch up to this version; up to the version
-    /// notified too when `trust_notified` (the directory did not go back in this epoch).
+    /// What replicas may serve: reads in the primary's epoch up to the version it read; up to
+    /// the version notified too when `trust_notified` (the directory did not go back in this
+    /// epoch) and the notification was heard from the same server in the same epoch. A version
+    /// notified by another server (one restored since, or replaced by a promotion) or in another
+    /// epoch (the first change of a restored copy, which mints a lineage) says nothing of the
+    /// epoch the primary read: a standby left on a lost history answers at that version in it.
     fn confirmed(&self, trust_notified: bool) -> (Option<String>, i64) {
-        let (epoch, said) = self.confirmed.lock().expect("confirmed lock").clone();
-        let notified = self.notified.load(Ordering::Relaxed);
-        (
-            epoch,
-            if trust_notified {
-                said.max(notified)
-            } else {
-                said
-            },
-        )
+        let said = self.confirmed.lock().expect("confirmed lock").clone();
+        let notified = self.notified.lock().expect("notified lock");
+        let version = match trust_notified && notified.at(said.epoch.as_deref(), said.server) {
+            true => said.version.max(notified.version),
+            false => said.version,
+        };
+        (said.epoch, version)
     }
 
     fn since_opened(&self) -> u64 {
@@ -427,10 +465,14 @@ impl Store {
             version: row.get(5),
             directory_version,
         });
-        let recovering = row.get("recovering");
-        let epoch = (row.len() > 7).then(|| row.get(7));
+        let (recovering, server) = (row.get("recovering"), row.get("server"));
+        let epoch = row
+            .columns()
+            .iter()
+            .any(|c| c.name() == "epoch")
+            .then(|| row.get("epoch"));
         if self.is_primary(pool) {
-            self.primary_said(epoch.as_deref(), directory_version);
+            self.primary_said(epoch.as_deref(), Some(server), directory_version);
         }
         Ok(Fetched(entry, directory_version, epoch, recovering))
     }
@@ -524,11 +566,89 @@ impl Store {
                 row => {
                     let changes = Changes::from_row(since.unwrap_or(0), &row?);
                     if self.is_primary(pool) {
-                        self.primary_said(changes.epoch.as_deref(), changes.version);
+                        self.primary_said(
+                            changes.epoch.as_deref(),
+                            changes.server,
+                            changes.version,
+                        );
                     }
                     return Ok(changes);
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store on an address nothing listens at: its pools connect only when a query asks.
+    fn store() -> Store {
+        let timeouts = Timeouts {
+            connect: Duration::from_secs(1),
+            query: Duration::from_secs(1),
+        };
+        let tls = Connector::new(None).unwrap();
+        let config: tokio_postgres::Config = "host=127.0.0.1 port=1".parse().unwrap();
+        let replicas = Replicas::new(Vec::new(), 1, timeouts, &tls, Duration::ZERO).unwrap();
+        let counters = Arc::new(Counters::default());
+        Store::new(
+            config,
+            1,
+            timeouts,
+            Statements::Prepared,
+            &tls,
+            counters,
+            replicas,
+        )
+        .unwrap()
+    }
+
+    const E: Option<&str> = Some("1.aa");
+    const S: Option<i64> = Some(100);
+
+    #[test]
+    fn a_version_notified_by_the_server_the_primary_read_is_trusted_in_its_epoch() {
+        let s = store();
+        s.primary_said(E, S, 20);
+        s.primary_notified(E, S, 21);
+        assert_eq!(s.confirmed(true), (E.map(str::to_owned), 21));
+        assert_eq!(
+            s.confirmed(false),
+            (E.map(str::to_owned), 20),
+            "after going back"
+        );
+        s.primary_notified(E, S, 19);
+        assert_eq!(s.confirmed(true).1, 21, "the newest notified");
+    }
+
+    /// A restored copy (another server, the same epoch until it changes) says nothing of what
+    /// the server before it notified, however late the watcher takes that notification.
+    #[test]
+    fn a_version_notified_by_another_server_is_not_trusted() {
+        let s = store();
+        s.primary_said(E, S, 20);
+        s.primary_notified(E, Some(99), 21);
+        assert_eq!(s.confirmed(true).1, 20);
+        s.primary_said(E, Some(99), 20);
+        assert_eq!(
+            s.confirmed(true).1,
+            21,
+            "once the primary read is that server's"
+        );
+    }
+
+    /// The first change of a restored copy mints an epoch: the version it notifies is that
+    /// epoch's, not the one the primary read.
+    #[test]
+    fn a_version_notified_in_another_epoch_is_not_trusted() {
+        let s = store();
+        s.primary_said(E, S, 20);
+        s.primary_notified(Some("1.bb"), S, 21);
+        assert_eq!(s.confirmed(true), (E.map(str::to_owned), 20));
+        s.primary_said(Some("1.bb"), S, 21);
+        s.primary_notified(Some("1.bb"), S, 22);
+        assert_eq!(s.confirmed(true), (Some("1.bb".to_owned()), 22));
     }
 }

@@ -1,5 +1,6 @@
 //! Push invalidation with a poll fallback: a dedicated connection runs `LISTEN shard_directory`
-//! and, on a timer, re-reads the version. On disconnect it reconnects with backoff, re-LISTENs,
+//! (and `shard_directory_epoch`, which says which history a notified version belongs to) and, on
+//! a timer, re-reads the version. On disconnect it reconnects with backoff, re-LISTENs,
 //! then re-reads the version, in that order, so a change made while it was away is never missed.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,7 +12,7 @@ use crate::metrics::Counters;
 use crate::pool::{self, Connector, Timeouts};
 use crate::statements::Statements;
 use crate::store::{needs, Changes, Store, SINCE, VERSION_READS};
-use shard_directory_protocol::{CHANNEL, WATCHER_APPLICATION_NAME};
+use shard_directory_protocol::{CHANNEL, EPOCH_CHANNEL, WATCHER_APPLICATION_NAME};
 use tokio_postgres::types::{ToSql, Type};
 
 /// What the watcher knows about its own health.
@@ -188,7 +189,7 @@ impl Watcher {
         let (connect, query) = (self.timeouts.connect, self.timeouts.query);
         // Hex digits only: a valid identifier as it is.
         let probe = format!("shard_directory_probe_{:016x}", fastrand::u64(..));
-        let listen = format!("LISTEN {CHANNEL}; LISTEN {probe}");
+        let listen = format!("LISTEN {CHANNEL}; LISTEN {EPOCH_CHANNEL}; LISTEN {probe}");
         within("LISTEN", query, client.batch_execute(&listen)).await?;
         let (sender, _, _driver) = within(
             "the probe's connection",
@@ -336,11 +337,15 @@ impl Watcher {
             let mut read_once = async |since: i64| -> Result<Changes, Ended> {
                 within("the version poll", after, query_changes(since)).await
             };
+            // Where this session's notifications are heard: the epoch and server of its last
+            // read, the epoch a notification on EPOCH_CHANNEL began since.
+            let heard_in = Mutex::new((None::<String>, None));
             // `late`: a poll or a reconnect, not a notification, asked for this read.
             let mut read = async |late: bool| -> Result<(), Ended> {
                 let changes = read_once(self.cache.version()).await?;
                 self.store
-                    .primary_said(changes.epoch.as_deref(), changes.version);
+                    .primary_said(changes.epoch.as_deref(), changes.server, changes.version);
+                *heard_in.lock().expect("heard lock") = (changes.epoch.clone(), changes.server);
                 self.apply(&changes, late);
                 Ok(())
             };
@@ -361,18 +366,12 @@ impl Watcher {
                         // version, never the version itself. Notifications already queued are
                         // covered by the same read.
                         Some(Ok(n)) => {
-                            let known = self.cache.version();
-                            let mut heard = n.payload().parse::<i64>().ok();
-                            let mut news = heard.is_none_or(|v| v > known);
+                            let mut heard = Heard::new(self.cache.version());
+                            heard.take(&n, &heard_in, &self.store);
                             while let Ok(more) = notifications.try_recv() {
-                                let v = more?.payload().parse::<i64>().ok();
-                                news |= v.is_none_or(|v| v > known);
-                                heard = heard.zip(v).map(|(a, b)| a.max(b));
+                                heard.take(&more?, &heard_in, &self.store);
                             }
-                            if let Some(heard) = heard {
-                                self.store.primary_notified(heard);
-                            }
-                            if news && !self.read_on_replica(heard).await {
+                            if heard.news && !self.read_on_replica(heard.version.flatten()).await {
                                 read(false).await?;
                             }
                         }
@@ -400,6 +399,54 @@ impl Watcher {
         match session().await {
             Err(e) => e,
             Ok(never) => match never {},
+        }
+    }
+}
+
+/// What notifications heard at once say: whether any is news, and the newest version they name
+/// (`Some(None)` when a payload on [`CHANNEL`] is not a version; `None` before one).
+struct Heard {
+    known: i64,
+    news: bool,
+    version: Option<Option<i64>>,
+}
+
+impl Heard {
+    fn new(known: i64) -> Heard {
+        Heard {
+            known,
+            news: false,
+            version: None,
+        }
+    }
+
+    /// Takes `n`, heard in `heard_in` (which a new epoch's notification changes), telling
+    /// `store` each version notified and where.
+    fn take(
+        &mut self,
+        n: &tokio_postgres::Notification,
+        heard_in: &Mutex<(Option<String>, Option<i64>)>,
+        store: &Store,
+    ) {
+        if n.channel() == EPOCH_CHANNEL.as_str() {
+            // `<version> <epoch>`: the versions notified from here on belong to that epoch.
+            if let Some((_, epoch)) = n.payload().split_once(' ') {
+                heard_in.lock().expect("heard lock").0 = Some(epoch.to_owned());
+            }
+            return;
+        }
+        if n.channel() != CHANNEL.as_str() {
+            return;
+        }
+        let v = n.payload().parse::<i64>().ok();
+        self.news |= v.is_none_or(|v| v > self.known);
+        self.version = Some(match self.version {
+            None => v,
+            Some(heard) => heard.zip(v).map(|(a, b)| a.max(b)),
+        });
+        if let Some(v) = v {
+            let (epoch, server) = &*heard_in.lock().expect("heard lock");
+            store.primary_notified(epoch.as_deref(), *server, v);
         }
     }
 }

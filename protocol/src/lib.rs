@@ -10,7 +10,7 @@
 //!   DETAIL holds.
 //! - [`setting`]: the settings a client sets in each transaction it routes, and the names of
 //!   the extension's own.
-//! - [`CHANNEL`], [`MOVES_CHANNEL`] and [`WATCHER_APPLICATION_NAME`] (`name`): the notification
+//! - [`CHANNEL`], [`EPOCH_CHANNEL`], [`MOVES_CHANNEL`] and [`WATCHER_APPLICATION_NAME`] (`name`): the notification
 //!   channels (versions, moves' phases) and the watcher's `application_name`.
 //! - [`relay`] (feature `relay`): what `shard-directory relay` publishes to the clients.
 //!
@@ -28,5 +28,5 @@ pub mod setting;
 mod state;
 
 pub use entity::EntityKey;
-pub use name::{Name, CHANNEL, MOVES_CHANNEL, WATCHER_APPLICATION_NAME};
+pub use name::{Name, CHANNEL, EPOCH_CHANNEL, MOVES_CHANNEL, WATCHER_APPLICATION_NAME};
 pub use state::{State, UnknownState};

@@ -43,6 +43,13 @@ pub const MOVES_CHANNEL: Name = Name::new(c"shard_directory_moves");
 /// that watchers `LISTEN` to. The payload is the version, as text.
 pub const CHANNEL: Name = Name::new(c"shard_directory");
 
+/// The channel the directory notifies a new epoch on, with the version that begins it: the first
+/// change made by a copy of the directory other than the one that minted its lineage (a restart,
+/// a restore, a promoted standby) mints a new one. The payload is `<version> <epoch>`, queued
+/// before that version's notification on [`CHANNEL`], which names no epoch (and stays readable as
+/// a plain version): a watcher that hears a version learns which history it belongs to.
+pub const EPOCH_CHANNEL: Name = Name::new(c"shard_directory_epoch");
+
 /// The `application_name` of the client's watcher connection: what its directory session shows
 /// in `pg_stat_activity`.
 pub const WATCHER_APPLICATION_NAME: &str = "shard_directory_watcher";

@@ -33,12 +33,23 @@ const MINTED_BY: &CStr = c"lineage_minted_by";
 #[pg_extern(stable, parallel_safe)]
 fn directory_epoch() -> String {
     // SAFETY: reads shared memory the server set up at start; raises no error.
-    let system = unsafe { pg_sys::GetSystemIdentifier() };
     let version = catalog::relation(c"shard_directory_version");
     match heap::read_singleton_text(version, "shard_directory_version", LINEAGE, latest::row()) {
-        Some(lineage) if !lineage.is_empty() => format!("{system}.{lineage}"),
-        _ => format!("{system}.{}", timeline()),
+        Some(lineage) if !lineage.is_empty() => of_lineage(&lineage),
+        // SAFETY: reads shared memory the server set up at start; raises no error.
+        _ => format!(
+            "{}.{}",
+            unsafe { pg_sys::GetSystemIdentifier() },
+            timeline()
+        ),
     }
+}
+
+/// The epoch of `lineage`, as `directory_epoch()` says it.
+fn of_lineage(lineage: &str) -> String {
+    // SAFETY: reads shared memory the server set up at start; raises no error.
+    let system = unsafe { pg_sys::GetSystemIdentifier() };
+    format!("{system}.{lineage}")
 }
 
 /// The timeline this server writes (or, in recovery, replays).
@@ -81,19 +92,29 @@ pub fn durable() {
     unsafe { pg_sys::ForceSyncCommit() }
 }
 
-/// The lineage columns a bump writes into the version row, whose lineage columns `read` reads:
-/// none while this server minted the lineage; else a new lineage, minted by this server. None
-/// either on a version row without them (the library newer than the extension's objects, until
-/// `ALTER EXTENSION shard_directory UPDATE`).
-pub fn on_bump(read: &dyn Fn(&CStr) -> Option<String>, has: bool) -> Vec<heap::Column<'static>> {
+/// A lineage a bump minted: the version row's columns that hold it, and the epoch it begins.
+pub struct Minted {
+    pub columns: [heap::Column<'static>; 2],
+    pub epoch: String,
+}
+
+/// The lineage a bump mints into the version row, whose lineage columns `read` reads: none while
+/// this server minted the lineage; else a new one, minted by this server. None either on a
+/// version row without them (the library newer than the extension's objects, until `ALTER
+/// EXTENSION shard_directory UPDATE`).
+pub fn on_bump(read: &dyn Fn(&CStr) -> Option<String>, has: bool) -> Option<Minted> {
     let server = this_server();
     if !has || read(MINTED_BY).as_deref() == Some(server.as_str()) {
-        return Vec::new();
+        return None;
     }
-    vec![
-        (LINEAGE, mint().into_datum()),
-        (MINTED_BY, server.into_datum()),
-    ]
+    let lineage = mint();
+    Some(Minted {
+        epoch: of_lineage(&lineage),
+        columns: [
+            (LINEAGE, lineage.into_datum()),
+            (MINTED_BY, server.into_datum()),
+        ],
+    })
 }
 
 /// Whether the version row of this extension has the lineage columns.

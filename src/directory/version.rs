@@ -32,7 +32,7 @@ use std::cell::{Cell, RefCell};
 use std::ffi::CStr;
 
 use pgrx::prelude::*;
-use shard_directory_protocol::CHANNEL;
+use shard_directory_protocol::{CHANNEL, EPOCH_CHANNEL};
 
 use super::history::{self, Bump, Change};
 use super::writer::{self, Writer};
@@ -359,35 +359,38 @@ fn bump() -> Bump {
     epoch::durable();
     let hint = latest::row();
     let lineage = epoch::columns_present(relid);
-    let (bump, row) = heap::update_singleton(relid, "shard_directory_version", hint, |read| {
-        // SAFETY: both columns are passed by value (a bigint, a timestamptz), of the types
-        // `heap` checks.
-        let get = |name| unsafe { read(name).and_then(|d| i64::from_datum(d, false)) };
-        let (Some(version), Some(at)) = (get(c"version"), get(c"updated_at")) else {
-            SdError::SingletonMissing {
-                table: "shard_directory_version",
-            }
-            .raise()
-        };
-        // Never before the previous bump's time: version_at follows version order.
-        // SAFETY: reads the clock.
-        let at = at.max(unsafe { pg_sys::GetCurrentTimestamp() });
-        let bump = Bump {
-            version: version + 1,
-            at: spi("version time", TimestampWithTimeZone::try_from(at)),
-        };
-        let mut columns = vec![
-            (c"version", bump.version.into_datum()),
-            (c"updated_at", bump.at.into_datum()),
-        ];
-        // SAFETY: the lineage columns are text (`heap` checks), copied out as read.
-        let text = |name: &CStr| unsafe { read(name).and_then(|d| String::from_datum(d, false)) };
-        columns.extend(epoch::on_bump(&text, lineage));
-        (columns, bump)
-    });
+    let ((bump, minted), row) =
+        heap::update_singleton(relid, "shard_directory_version", hint, |read| {
+            // SAFETY: both columns are passed by value (a bigint, a timestamptz), of the types
+            // `heap` checks.
+            let get = |name| unsafe { read(name).and_then(|d| i64::from_datum(d, false)) };
+            let (Some(version), Some(at)) = (get(c"version"), get(c"updated_at")) else {
+                SdError::SingletonMissing {
+                    table: "shard_directory_version",
+                }
+                .raise()
+            };
+            // Never before the previous bump's time: version_at follows version order.
+            // SAFETY: reads the clock.
+            let at = at.max(unsafe { pg_sys::GetCurrentTimestamp() });
+            let bump = Bump {
+                version: version + 1,
+                at: spi("version time", TimestampWithTimeZone::try_from(at)),
+            };
+            let mut columns = vec![
+                (c"version", bump.version.into_datum()),
+                (c"updated_at", bump.at.into_datum()),
+            ];
+            // SAFETY: the lineage columns are text (`heap` checks), copied out as read.
+            let text =
+                |name: &CStr| unsafe { read(name).and_then(|d| String::from_datum(d, false)) };
+            let minted = epoch::on_bump(&text, lineage);
+            columns.extend(minted.iter().flat_map(|m| m.columns));
+            (columns, (bump, minted.map(|m| m.epoch)))
+        });
     latest::set(bump.version);
     latest::set_row(row);
-    notify(bump.version);
+    notify(bump.version, minted.as_deref());
     EXPECTED.set(Some(
         EXPECTED.get().map_or(bump.version, |e| e.max(bump.version)),
     ));
@@ -429,8 +432,13 @@ pub fn raise_to(version: i64, at: Option<TimestampWithTimeZone>, lineage: Option
     });
 }
 
-/// Queues the notification of `version`, delivered at commit only.
-fn notify(version: i64) {
+/// Queues the notification of `version`, delivered at commit only; when it begins an epoch
+/// (`minted`), that epoch's notification first, so that a watcher hears which history the version
+/// belongs to before the version.
+fn notify(version: i64, minted: Option<&str>) {
+    if let Some(epoch) = minted {
+        super::notify::send(EPOCH_CHANNEL, &format!("{version} {epoch}"));
+    }
     super::notify::send(CHANNEL, &version.to_string());
 }
 

@@ -148,6 +148,63 @@ async fn listeners_hear_the_new_version_at_commit_and_nothing_on_rollback() {
     assert_eq!(version(&writer).await, v);
 }
 
+/// The first change of a lineage (here: the first after a restart) notifies its epoch on
+/// `shard_directory_epoch`, as `<version> <epoch>`, just before the version's own notification,
+/// whose payload stays the plain version; a change in a lineage this server minted notifies only
+/// the version. A watcher thus knows which history a notified version belongs to.
+#[tokio::test]
+async fn the_first_change_of_a_lineage_notifies_its_epoch_before_its_version() {
+    let (cluster, _) = directory().await;
+    cluster.restart();
+    let writer = cluster.connect("directory").await;
+    let mut listener = cluster.connect_listening("directory").await;
+    listener
+        .client
+        .batch_execute("LISTEN shard_directory; LISTEN shard_directory_epoch")
+        .await
+        .unwrap();
+    let freeze = |id: &'static str| {
+        let writer = &writer;
+        async move {
+            let v: i64 = writer
+                .query_one("SELECT shard_directory.freeze('tenant', $1)", &[&id])
+                .await
+                .unwrap()
+                .get(0);
+            let epoch: String = writer
+                .query_one("SELECT shard_directory.directory_epoch()", &[])
+                .await
+                .unwrap()
+                .get(0);
+            (v, epoch)
+        }
+    };
+    let (first, minted) = freeze("8842").await;
+    let (second, same) = freeze("7").await;
+    assert_eq!(same, minted, "one lineage");
+    let mut heard = Vec::new();
+    while heard.len() < 3 {
+        let n = tokio::time::timeout(DEADLINE, listener.notifications.recv())
+            .await
+            .expect("the notifications")
+            .expect("listener open");
+        heard.push((n.channel().to_owned(), n.payload().to_owned()));
+    }
+    let expected = [
+        ("shard_directory_epoch", format!("{first} {minted}")),
+        ("shard_directory", first.to_string()),
+        ("shard_directory", second.to_string()),
+    ]
+    .map(|(c, p)| (c.to_owned(), p));
+    assert_eq!(heard, expected);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), listener.notifications.recv())
+            .await
+            .is_err(),
+        "nothing more"
+    );
+}
+
 #[tokio::test]
 async fn concurrent_writers_get_distinct_versions_in_commit_order() {
     let (cluster, first) = directory().await;

@@ -189,11 +189,13 @@ async fn a_snapshot_restored_by_rename_does_not_let_the_shared_cache_bring_back_
     says(&fresh, "1", "shard_1", "a fresh instance after the restore").await;
 }
 
-/// The application before a restore from a base backup (one epoch with the lost versions: the
-/// restored server makes no change before the client reads it), with a streaming standby read
-/// as a replica that had replayed two lost versions (tenants 1 and 2 re-pointed to shard_2) and
-/// keeps answering at them after the primary is restored. The client polls hourly: only its
-/// watcher's notifications and reconnects tell it anything.
+/// A restore from a base backup (one epoch with the lost versions: the restored server makes no
+/// change before the client reads it), with a streaming standby read as a replica that had
+/// replayed two lost versions (tenants 1 and 2 re-pointed to shard_2) and keeps answering at them
+/// after the primary is restored. The client polls hourly: only its watcher's notifications and
+/// reconnects tell it anything. It read the lost versions before the restore, or (`knew_lost`
+/// false) it starts after the restore, as an instance started then, or one that went to another
+/// epoch meanwhile, knows nothing of them.
 struct ReplicaAhead {
     t: Topology,
     d: Directory,
@@ -203,7 +205,7 @@ struct ReplicaAhead {
     _replica: Cluster,
 }
 
-async fn replica_ahead_of_a_restored_primary(name: &str) -> ReplicaAhead {
+async fn replica_ahead_of_a_restored_primary(name: &str, knew_lost: bool) -> ReplicaAhead {
     let t = Topology::start(name).await;
     let copied = t.add_tenants(2, "shard_1").await;
     let replica = t.streaming_standby(&format!("{name}-standby")).await;
@@ -211,9 +213,14 @@ async fn replica_ahead_of_a_restored_primary(name: &str) -> ReplicaAhead {
         .poll_interval(Duration::from_secs(3600))
         .replica(replica.config(DIRECTORY_DB))
         .replica_wait(Duration::from_secs(2));
-    let d = connected_directory(t.directory_config(), config).await;
-    let router = t.router(d.clone());
-    assert_eq!(d.lookup("tenant", "1").await.unwrap().shard_name, "shard_1");
+    let client = || connected_directory(t.directory_config(), config.clone());
+    let before = match knew_lost {
+        true => Some(client().await),
+        false => None,
+    };
+    if let Some(d) = &before {
+        assert_eq!(d.lookup("tenant", "1").await.unwrap().shard_name, "shard_1");
+    }
 
     let copy = t.directory.base_backup();
     change_in(&t.directory, DIRECTORY_DB, &repoint("1", "shard_2")).await;
@@ -229,11 +236,17 @@ async fn replica_ahead_of_a_restored_primary(name: &str) -> ReplicaAhead {
         .await
         .unwrap();
     replayed(&replica, lost).await;
-    reaches(&d, lost).await;
-    assert_eq!(d.lookup("tenant", "1").await.unwrap().shard_name, "shard_2");
+    if let Some(d) = &before {
+        reaches(d, lost).await;
+        assert_eq!(d.lookup("tenant", "1").await.unwrap().shard_name, "shard_2");
+    }
 
     t.directory.restore_cold_copy(&copy);
     assert_eq!(t.placement("1").await, "shard_1");
+    let d = match before {
+        Some(d) => d,
+        None => client().await,
+    };
     eventually(
         "the client to read the primary go back",
         DEADLINE * 2,
@@ -242,24 +255,18 @@ async fn replica_ahead_of_a_restored_primary(name: &str) -> ReplicaAhead {
     .await;
     assert_eq!(d.lookup("tenant", "1").await.unwrap().shard_name, "shard_1");
     ReplicaAhead {
+        router: t.router(d.clone()),
         t,
         d,
-        router,
         copied,
         lost,
         _replica: replica,
     }
 }
 
-/// Invariant 2, through the replica: the restored primary commits two changes in one
-/// transaction (tenants 3 and 4 added: its first change mints a new lineage), and notifies both
-/// versions at once. A notification names no epoch: after the directory went back, replicas
-/// are trusted only as far as the primary's own reads, so the standby, still in recovery, in the
-/// old epoch and exactly at the notified version, is not read (it was, and the client routed
-/// tenant 1 to shard_2 until its next poll).
-#[tokio::test]
-async fn a_notification_from_the_restored_primary_does_not_let_a_replica_serve_lost_versions() {
-    let a = replica_ahead_of_a_restored_primary("edges-notified").await;
+/// The restored primary commits two changes in one transaction (tenants 3 and 4 added: its
+/// first change mints a new lineage), and notifies both versions at once; returns the version.
+async fn restored_primary_changes(a: &ReplicaAhead) -> i64 {
     let version = change_in(
         &a.t.directory,
         DIRECTORY_DB,
@@ -275,6 +282,18 @@ async fn a_notification_from_the_restored_primary_does_not_let_a_replica_serve_l
         version, a.lost,
         "the restored primary numbers the lost versions again"
     );
+    version
+}
+
+/// Invariant 2, through the replica: after the restored primary's first change and its
+/// notification, the standby, still in recovery, in the old epoch and exactly at the notified
+/// version, is not read. The client read the directory go back, so replicas are trusted only as
+/// far as the primary's own reads (the standby was read, and the client routed tenant 1 to
+/// shard_2 until its next poll).
+#[tokio::test]
+async fn a_notification_from_the_restored_primary_does_not_let_a_replica_serve_lost_versions() {
+    let a = replica_ahead_of_a_restored_primary("edges-notified", true).await;
+    restored_primary_changes(&a).await;
     reaches(&a.d, a.lost).await;
     never_says_otherwise(
         &a.d,
@@ -287,6 +306,27 @@ async fn a_notification_from_the_restored_primary_does_not_let_a_replica_serve_l
     writes_land(&a.t, &a.router, "1", "after the restore").await;
 }
 
+/// Invariant 2, through the replica, for a client that never knew the lost versions and so never
+/// saw the directory go back: the notification of the restored primary's first change names a
+/// version of the new lineage, which the standby also answers at in the copy's epoch, the one the
+/// client knows. The directory notifies the new epoch with it, so the standby is not read (it
+/// was, and the client routed tenant 1 to shard_2: the randomized history's seed 2 found it).
+#[tokio::test]
+async fn a_notification_of_a_new_lineage_does_not_let_a_replica_serve_lost_versions() {
+    let a = replica_ahead_of_a_restored_primary("edges-minted", false).await;
+    restored_primary_changes(&a).await;
+    reaches(&a.d, a.lost).await;
+    never_says_otherwise(
+        &a.d,
+        "1",
+        "shard_1",
+        Duration::from_secs(3),
+        "after the notification of the restored primary's first change",
+    )
+    .await;
+    writes_land(&a.t, &a.router, "1", "after the restore").await;
+}
+
 /// Invariant 2, through a forged notification: anyone who can connect may NOTIFY the
 /// directory's channel. With the restored primary at the copy's version (no change yet, so one
 /// epoch) and the client having read the version go back, a NOTIFY naming the lost version does
@@ -294,7 +334,7 @@ async fn a_notification_from_the_restored_primary_does_not_let_a_replica_serve_l
 /// client went forward to the lost version and routed tenant 1 to shard_2).
 #[tokio::test]
 async fn a_forged_notify_after_a_regression_does_not_let_a_replica_serve_lost_versions() {
-    let a = replica_ahead_of_a_restored_primary("edges-forged").await;
+    let a = replica_ahead_of_a_restored_primary("edges-forged", true).await;
     let dba = a.t.dba().await;
     dba.batch_execute("CREATE ROLE nobody LOGIN; GRANT CONNECT ON DATABASE directory TO nobody")
         .await
