@@ -35,13 +35,16 @@ macro_rules! fetch {
 }
 
 /// Which server answered, as columns of every read: whether it is a standby (a replica's read is
-/// taken only while it is one: a promoted server goes on a history of its own), and when its
-/// postmaster started (a restart, a restored copy and a promoted standby each are another server:
-/// a version one notified says nothing of another's).
+/// taken only while it is one: a promoted server goes on a history of its own), and which copy of
+/// the directory it is: when its postmaster started, and the database (a restart, a restored copy,
+/// a promoted standby and a database restored beside it by rename each are another: a version one
+/// notified says nothing of another's).
 macro_rules! recovering {
     () => {
         ", pg_catalog.pg_is_in_recovery() AS recovering, \
-         (extract(epoch FROM pg_catalog.pg_postmaster_start_time()) * 1000000)::int8 AS server"
+         (extract(epoch FROM pg_catalog.pg_postmaster_start_time()) * 1000000)::int8::text \
+           || '.' || (SELECT oid FROM pg_catalog.pg_database \
+                      WHERE datname = pg_catalog.current_database())::text AS server"
     };
 }
 
@@ -143,9 +146,9 @@ pub(crate) struct Changes {
     pub epoch: Option<String>,
     /// Whether the server read was a standby.
     pub recovering: bool,
-    /// Which server it was: its postmaster's start, in µs since 1970 (`None`: not read from a
-    /// server, a relay's message).
-    pub server: Option<i64>,
+    /// Which copy of the directory it was: `<postmaster start, µs since 1970>.<database oid>`
+    /// (`None`: not read from a server, a relay's message).
+    pub server: Option<String>,
 }
 
 impl Changes {
@@ -231,7 +234,7 @@ pub(crate) struct Store {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Said {
     epoch: Option<String>,
-    server: Option<i64>,
+    server: Option<String>,
     version: i64,
 }
 
@@ -242,8 +245,8 @@ impl Said {
         version: i64::MIN,
     };
 
-    fn at(&self, epoch: Option<&str>, server: Option<i64>) -> bool {
-        self.epoch.as_deref() == epoch && self.server == server
+    fn at(&self, epoch: Option<&str>, server: Option<&str>) -> bool {
+        self.epoch.as_deref() == epoch && self.server.as_deref() == server
     }
 }
 
@@ -350,24 +353,24 @@ impl Store {
     /// The primary (`server`) read `version` in `epoch`. Below what it said before there: an
     /// older read ended late (a server never goes back in its own epoch; a restore is another
     /// server); replicas are trusted only up to it until the primary says more.
-    pub fn primary_said(&self, epoch: Option<&str>, server: Option<i64>, version: i64) {
+    pub fn primary_said(&self, epoch: Option<&str>, server: Option<&str>, version: i64) {
         *self.confirmed.lock().expect("confirmed lock") = Said {
             epoch: epoch.map(str::to_owned),
-            server,
+            server: server.map(str::to_owned),
             version,
         };
     }
 
     /// The watcher's LISTEN session, on `server`, heard `version` notified in `epoch` (a hint:
     /// anyone may NOTIFY).
-    pub fn primary_notified(&self, epoch: Option<&str>, server: Option<i64>, version: i64) {
+    pub fn primary_notified(&self, epoch: Option<&str>, server: Option<&str>, version: i64) {
         let mut notified = self.notified.lock().expect("notified lock");
         if notified.at(epoch, server) {
             notified.version = notified.version.max(version);
         } else {
             *notified = Said {
                 epoch: epoch.map(str::to_owned),
-                server,
+                server: server.map(str::to_owned),
                 version,
             };
         }
@@ -382,7 +385,8 @@ impl Store {
     fn confirmed(&self, trust_notified: bool) -> (Option<String>, i64) {
         let said = self.confirmed.lock().expect("confirmed lock").clone();
         let notified = self.notified.lock().expect("notified lock");
-        let version = match trust_notified && notified.at(said.epoch.as_deref(), said.server) {
+        let at = notified.at(said.epoch.as_deref(), said.server.as_deref());
+        let version = match trust_notified && at {
             true => said.version.max(notified.version),
             false => said.version,
         };
@@ -465,7 +469,7 @@ impl Store {
             version: row.get(5),
             directory_version,
         });
-        let (recovering, server) = (row.get("recovering"), row.get("server"));
+        let (recovering, server) = (row.get("recovering"), row.get::<_, &str>("server"));
         let epoch = row
             .columns()
             .iter()
@@ -568,7 +572,7 @@ impl Store {
                     if self.is_primary(pool) {
                         self.primary_said(
                             changes.epoch.as_deref(),
-                            changes.server,
+                            changes.server.as_deref(),
                             changes.version,
                         );
                     }
@@ -606,7 +610,7 @@ mod tests {
     }
 
     const E: Option<&str> = Some("1.aa");
-    const S: Option<i64> = Some(100);
+    const S: Option<&str> = Some("100.5");
 
     #[test]
     fn a_version_notified_by_the_server_the_primary_read_is_trusted_in_its_epoch() {
@@ -629,9 +633,9 @@ mod tests {
     fn a_version_notified_by_another_server_is_not_trusted() {
         let s = store();
         s.primary_said(E, S, 20);
-        s.primary_notified(E, Some(99), 21);
+        s.primary_notified(E, Some("99.5"), 21);
         assert_eq!(s.confirmed(true).1, 20);
-        s.primary_said(E, Some(99), 20);
+        s.primary_said(E, Some("99.5"), 20);
         assert_eq!(
             s.confirmed(true).1,
             21,

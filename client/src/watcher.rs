@@ -338,14 +338,19 @@ impl Watcher {
                 within("the version poll", after, query_changes(since)).await
             };
             // Where this session's notifications are heard: the epoch and server of its last
-            // read, the epoch a notification on EPOCH_CHANNEL began since.
-            let heard_in = Mutex::new((None::<String>, None));
+            // read; `None` before it, and once a notification on EPOCH_CHANNEL said a new epoch
+            // began (which one is the next read's to say: anyone may NOTIFY).
+            let heard_in = Mutex::new(None::<(Option<String>, Option<String>)>);
             // `late`: a poll or a reconnect, not a notification, asked for this read.
             let mut read = async |late: bool| -> Result<(), Ended> {
                 let changes = read_once(self.cache.version()).await?;
-                self.store
-                    .primary_said(changes.epoch.as_deref(), changes.server, changes.version);
-                *heard_in.lock().expect("heard lock") = (changes.epoch.clone(), changes.server);
+                self.store.primary_said(
+                    changes.epoch.as_deref(),
+                    changes.server.as_deref(),
+                    changes.version,
+                );
+                *heard_in.lock().expect("heard lock") =
+                    Some((changes.epoch.clone(), changes.server.clone()));
                 self.apply(&changes, late);
                 Ok(())
             };
@@ -420,19 +425,18 @@ impl Heard {
         }
     }
 
-    /// Takes `n`, heard in `heard_in` (which a new epoch's notification changes), telling
-    /// `store` each version notified and where.
+    /// Takes `n`, heard in `heard_in`, telling `store` each version notified and where. A new
+    /// epoch's notification says that the versions after it are of a history this session has
+    /// not read: they are not told as the one it read (its payload is not taken as that history:
+    /// a forged one would name the history the client trusts).
     fn take(
         &mut self,
         n: &tokio_postgres::Notification,
-        heard_in: &Mutex<(Option<String>, Option<i64>)>,
+        heard_in: &Mutex<Option<(Option<String>, Option<String>)>>,
         store: &Store,
     ) {
         if n.channel() == EPOCH_CHANNEL.as_str() {
-            // `<version> <epoch>`: the versions notified from here on belong to that epoch.
-            if let Some((_, epoch)) = n.payload().split_once(' ') {
-                heard_in.lock().expect("heard lock").0 = Some(epoch.to_owned());
-            }
+            *heard_in.lock().expect("heard lock") = None;
             return;
         }
         if n.channel() != CHANNEL.as_str() {
@@ -444,9 +448,8 @@ impl Heard {
             None => v,
             Some(heard) => heard.zip(v).map(|(a, b)| a.max(b)),
         });
-        if let Some(v) = v {
-            let (epoch, server) = &*heard_in.lock().expect("heard lock");
-            store.primary_notified(epoch.as_deref(), *server, v);
+        if let (Some(v), Some((epoch, server))) = (v, &*heard_in.lock().expect("heard lock")) {
+            store.primary_notified(epoch.as_deref(), server.as_deref(), v);
         }
     }
 }

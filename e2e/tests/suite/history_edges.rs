@@ -15,7 +15,7 @@ use shard_directory_e2e::{eventually, reaches, Cluster, Topology};
 const DEADLINE: Duration = Duration::from_secs(15);
 
 /// Re-points tenant `id` to `shard` as a DBA does in an emergency.
-fn repoint(id: &str, shard: &str) -> String {
+pub(crate) fn repoint(id: &str, shard: &str) -> String {
     format!(
         "BEGIN; SET LOCAL shard_directory.allow_repoint = on; \
          UPDATE shard_directory.shard_directory SET shard_name = '{shard}' \
@@ -24,7 +24,7 @@ fn repoint(id: &str, shard: &str) -> String {
 }
 
 /// Runs `sql` on database `db` of `cluster`; returns the directory's version after it.
-async fn change_in(cluster: &Cluster, db: &str, sql: &str) -> i64 {
+pub(crate) async fn change_in(cluster: &Cluster, db: &str, sql: &str) -> i64 {
     let c = cluster.connect(db).await;
     c.batch_execute(sql).await.expect("a directory change");
     c.query_one("SELECT shard_directory.current_version()", &[])
@@ -33,7 +33,7 @@ async fn change_in(cluster: &Cluster, db: &str, sql: &str) -> i64 {
         .get(0)
 }
 
-async fn epoch_in(cluster: &Cluster, db: &str) -> String {
+pub(crate) async fn epoch_in(cluster: &Cluster, db: &str) -> String {
     cluster
         .connect(db)
         .await
@@ -59,7 +59,7 @@ async fn shard_of(cluster: &Cluster, db: &str, id: &str) -> String {
 
 /// `CREATE DATABASE <copy> TEMPLATE <db>` on `cluster`, retried while the source still has a
 /// closing session.
-async fn copy_database(cluster: &Cluster, db: &str, copy: &str) {
+pub(crate) async fn copy_database(cluster: &Cluster, db: &str, copy: &str) {
     let admin = cluster.connect("postgres").await;
     let sql = format!("CREATE DATABASE {copy} TEMPLATE {db}");
     eventually("the template copy", DEADLINE, || async {
@@ -70,7 +70,13 @@ async fn copy_database(cluster: &Cluster, db: &str, copy: &str) {
 
 /// For `for_` (a few seconds), `d`'s lookup of tenant `id` never names another shard than
 /// `shard`: no layer brings back a lost entry, not even for a moment.
-async fn never_says_otherwise(d: &Directory, id: &str, shard: &str, for_: Duration, what: &str) {
+pub(crate) async fn never_says_otherwise(
+    d: &Directory,
+    id: &str,
+    shard: &str,
+    for_: Duration,
+    what: &str,
+) {
     let until = tokio::time::Instant::now() + for_;
     while tokio::time::Instant::now() < until {
         if let Ok(e) = d.lookup("tenant", id).await {
@@ -196,16 +202,19 @@ async fn a_snapshot_restored_by_rename_does_not_let_the_shared_cache_bring_back_
 /// reconnects tell it anything. It read the lost versions before the restore, or (`knew_lost`
 /// false) it starts after the restore, as an instance started then, or one that went to another
 /// epoch meanwhile, knows nothing of them.
-struct ReplicaAhead {
-    t: Topology,
-    d: Directory,
-    router: Router,
-    copied: i64,
-    lost: i64,
+pub(crate) struct ReplicaAhead {
+    pub t: Topology,
+    pub d: Directory,
+    pub router: Router,
+    pub copied: i64,
+    pub lost: i64,
     _replica: Cluster,
 }
 
-async fn replica_ahead_of_a_restored_primary(name: &str, knew_lost: bool) -> ReplicaAhead {
+pub(crate) async fn replica_ahead_of_a_restored_primary(
+    name: &str,
+    knew_lost: bool,
+) -> ReplicaAhead {
     let t = Topology::start(name).await;
     let copied = t.add_tenants(2, "shard_1").await;
     let replica = t.streaming_standby(&format!("{name}-standby")).await;

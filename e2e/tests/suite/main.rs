@@ -13,6 +13,7 @@ mod dump;
 mod failover;
 mod history;
 mod history_edges;
+mod history_notified;
 mod mixed_fleet;
 mod mover;
 mod mover_batch;
