@@ -301,18 +301,7 @@ async fn restored_primary_changes(a: &ReplicaAhead) -> i64 {
 /// shard_2 until its next poll).
 #[tokio::test]
 async fn a_notification_from_the_restored_primary_does_not_let_a_replica_serve_lost_versions() {
-    let a = replica_ahead_of_a_restored_primary("edges-notified", true).await;
-    restored_primary_changes(&a).await;
-    reaches(&a.d, a.lost).await;
-    never_says_otherwise(
-        &a.d,
-        "1",
-        "shard_1",
-        Duration::from_secs(3),
-        "after the restored primary's notification",
-    )
-    .await;
-    writes_land(&a.t, &a.router, "1", "after the restore").await;
+    after_the_restored_primarys_first_change("edges-notified", true).await;
 }
 
 /// Invariant 2, through the replica, for a client that never knew the lost versions and so never
@@ -322,7 +311,12 @@ async fn a_notification_from_the_restored_primary_does_not_let_a_replica_serve_l
 /// was, and the client routed tenant 1 to shard_2: the randomized history's seed 2 found it).
 #[tokio::test]
 async fn a_notification_of_a_new_lineage_does_not_let_a_replica_serve_lost_versions() {
-    let a = replica_ahead_of_a_restored_primary("edges-minted", false).await;
+    after_the_restored_primarys_first_change("edges-minted", false).await;
+}
+
+/// The restored primary's first change heard; then tenant 1 is never routed by its lost entry.
+async fn after_the_restored_primarys_first_change(name: &str, knew_lost: bool) {
+    let a = replica_ahead_of_a_restored_primary(name, knew_lost).await;
     restored_primary_changes(&a).await;
     reaches(&a.d, a.lost).await;
     never_says_otherwise(
@@ -330,7 +324,7 @@ async fn a_notification_of_a_new_lineage_does_not_let_a_replica_serve_lost_versi
         "1",
         "shard_1",
         Duration::from_secs(3),
-        "after the notification of the restored primary's first change",
+        "after the restored primary's first change",
     )
     .await;
     writes_land(&a.t, &a.router, "1", "after the restore").await;

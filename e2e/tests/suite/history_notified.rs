@@ -102,13 +102,13 @@ async fn watcher_pid(cluster: &Cluster) -> i32 {
 #[tokio::test]
 async fn a_forged_epoch_notification_between_two_changes_does_not_let_a_replica_serve_lost_versions(
 ) {
-    two_changes_heard_at_once("atk-epoch-relabel", true).await;
+    two_changes_heard_at_once("notified-epoch-relabel", true).await;
 }
 
 /// The test above without the forged line: two real changes of a new lineage heard at once.
 #[tokio::test]
 async fn two_real_changes_of_a_new_lineage_heard_at_once_are_safe() {
-    two_changes_heard_at_once("atk-epoch-control", false).await;
+    two_changes_heard_at_once("notified-epoch-control", false).await;
 }
 
 async fn two_changes_heard_at_once(name: &str, forged: bool) {
@@ -153,6 +153,14 @@ async fn two_changes_heard_at_once(name: &str, forged: bool) {
     writes_land(&a.t, &a.router, "1", "after the forged epoch line").await;
 }
 
+/// Until `d`'s watcher is connected again.
+async fn reconnected(d: &Directory) {
+    eventually("the watcher to reconnect", DEADLINE * 2, || async {
+        d.is_connected().then_some(())
+    })
+    .await;
+}
+
 /// A topology with a streaming standby read as a replica, and a client reading on it.
 async fn with_standby(name: &str) -> (Topology, Cluster, Directory) {
     let t = Topology::start(name).await;
@@ -189,7 +197,7 @@ async fn read_on_the_replica(t: &Topology, d: &Directory, id: &str, what: &str) 
 /// each real change after it is learned, and the one after that is read on the replica again.
 #[tokio::test]
 async fn junk_on_the_epoch_channel_neither_wedges_the_watcher_nor_stops_replica_reads() {
-    let (t, _standby, d) = with_standby("atk-epoch-junk").await;
+    let (t, _standby, d) = with_standby("notified-epoch-junk").await;
     read_on_the_replica(&t, &d, "100", "before any forgery").await;
     let epoch = epoch_in(&t.directory, DIRECTORY_DB).await;
     let nobody = nobody(&t).await;
@@ -226,7 +234,7 @@ async fn junk_on_the_epoch_channel_neither_wedges_the_watcher_nor_stops_replica_
 /// replica, nor lets the client know a version the directory has not reached.
 #[tokio::test]
 async fn a_forged_huge_version_leaves_the_watcher_learning_on_the_replica() {
-    let (t, _standby, d) = with_standby("atk-huge").await;
+    let (t, _standby, d) = with_standby("notified-huge").await;
     read_on_the_replica(&t, &d, "100", "before any forgery").await;
     let nobody = nobody(&t).await;
     let known = d.version();
@@ -243,9 +251,9 @@ async fn a_forged_huge_version_leaves_the_watcher_learning_on_the_replica() {
 /// replica again, as before the failover.
 #[tokio::test]
 async fn after_a_failover_notified_changes_are_read_on_the_replica_again() {
-    let (t, reader, d) = with_standby("atk-failover").await;
+    let (t, reader, d) = with_standby("notified-failover").await;
     read_on_the_replica(&t, &d, "100", "before the failover").await;
-    let promoted = t.directory.standby("atk-failover-promoted");
+    let promoted = t.directory.standby("notified-failover-promoted");
     let v = t.add_tenant("101", "shard_1").await;
     replayed(&promoted, v).await;
     reaches(&d, v).await;
@@ -254,10 +262,7 @@ async fn after_a_failover_notified_changes_are_read_on_the_replica_again() {
     promoted.promote();
     t.directory.take_over(&promoted);
     reader.follow(&t.directory);
-    eventually("the watcher to reconnect", DEADLINE * 2, || async {
-        d.is_connected().then_some(())
-    })
-    .await;
+    reconnected(&d).await;
     let first = t.add_tenant("102", "shard_1").await;
     reaches(&d, first).await;
     assert_ne!(
@@ -275,7 +280,7 @@ async fn after_a_failover_notified_changes_are_read_on_the_replica_again() {
 /// kept, so the same server, the same lineage): notified changes are still read on the replica.
 #[tokio::test]
 async fn after_a_crash_restart_notified_changes_are_read_on_the_replica() {
-    let (t, standby, d) = with_standby("atk-crash").await;
+    let (t, standby, d) = with_standby("notified-crash").await;
     read_on_the_replica(&t, &d, "100", "before the crash").await;
     let epoch = epoch_in(&t.directory, DIRECTORY_DB).await;
     let admin = t.directory.connect("postgres").await;
@@ -301,10 +306,7 @@ async fn after_a_crash_restart_notified_changes_are_read_on_the_replica() {
         Some(())
     })
     .await;
-    eventually("the watcher to reconnect", DEADLINE * 2, || async {
-        d.is_connected().then_some(())
-    })
-    .await;
+    reconnected(&d).await;
     let v = t.add_tenant("101", "shard_1").await;
     reaches(&d, v).await;
     assert_eq!(
@@ -325,9 +327,9 @@ async fn after_a_crash_restart_notified_changes_are_read_on_the_replica() {
 /// alone, and the client routed tenant 1 to shard_2).
 #[tokio::test]
 async fn a_version_notified_before_a_restore_by_rename_does_not_let_a_lagging_standby_serve_it() {
-    let t = Topology::start("atk-rename").await;
+    let t = Topology::start("notified-rename").await;
     let copied = t.add_tenants(3, "shard_1").await;
-    let standby = t.streaming_standby("atk-rename-standby").await;
+    let standby = t.streaming_standby("notified-rename-standby").await;
     replayed(&standby, copied).await;
     copy_database(&t.directory, DIRECTORY_DB, "directory_snapshot").await;
     let config = DirectoryConfig::default()
@@ -398,10 +400,7 @@ async fn a_version_notified_before_a_restore_by_rename_does_not_let_a_lagging_st
     // The watcher's wait ends, its read of the primary fails (the session was ended), it
     // reconnects and reads the restored directory: at the version it knows, nothing went back.
     tokio::time::sleep(Duration::from_secs(8)).await;
-    eventually("the watcher to reconnect", DEADLINE, || async {
-        d.is_connected().then_some(())
-    })
-    .await;
+    reconnected(&d).await;
     assert_eq!(
         d.version(),
         copied,
