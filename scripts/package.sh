@@ -8,7 +8,9 @@
 #     cargo pgrx generates (shard_directory--<version>.sql), every upgrade script
 #     (sql/shard_directory--A--B.sql) and the install scripts of earlier releases
 #     (sql/shard_directory--A.sql), under /usr/share/postgresql/NN/extension/;
-#   shard-directory_<version>_amd64.deb: the CLI, /usr/bin/shard-directory (release build).
+#   shard-directory_<version>_amd64.deb: the CLI, /usr/bin/shard-directory (release build);
+#   shard_directory-<version>-cp311-abi3-<platform>.whl: the Python package (python/), built by
+#     maturin (release).
 #
 # Each extension package is built as pgrx extensions ship: `cargo pgrx package --pg-config` of
 # that major (a release build with the Cargo feature pgNN), which lays the files out under that
@@ -211,6 +213,19 @@ while read -r soname path; do
   [[ ", $depends" == *", $owner "* ]] || die "CLI: $soname ($owner) is not in Depends: $depends"
 done < <(ldd "$stage/debian/$package/usr/bin/shard-directory" | awk '$2 == "=>" { print $1, $3 }')
 built+=("$(deb "$stage" "$package" "$cli_version" packaging/cli.control.in "$depends")")
+
+# The Python package: a wheel for CPython 3.11 and later (abi3), built by maturin.
+log "Python: maturin build --release (python/)"
+t=$SECONDS
+[ -x .venv/bin/maturin ] || die "no .venv/bin/maturin: scripts/setup.sh makes it"
+wheels=$build/wheel
+rm -rf "$wheels"
+(cd python && ../.venv/bin/maturin build --release --quiet --out "$wheels" >&2)
+wheel=$(find "$wheels" -name 'shard_directory-*.whl')
+[ -n "$wheel" ] || die "Python: maturin built no wheel"
+install -m 644 "$wheel" "$out/"
+built+=("$out/$(basename "$wheel")")
+log "Python: built in $((SECONDS - t)) s"
 
 log "built ${#built[@]} packages in $((SECONDS - start)) s"
 printf "%s\n" "${built[@]}" | sort

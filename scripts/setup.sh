@@ -7,7 +7,8 @@
 # counts), curl (the demo reads each instance's
 # /debug/directory as the guide does), dpkg-dev (dpkg-shlibdeps, for scripts/package.sh), sqlsmith
 # (the random SQL generator that fuzzes the shard's check, e2e/tests/suite/shard_fuzz.rs),
-# cargo-pgrx 0.18.1, and points pgrx
+# python3-venv and a virtual environment .venv with maturin, psycopg 3, psycopg_pool and pytest
+# (the Python package, python/, and its tests), cargo-pgrx 0.18.1, and points pgrx
 # at the system PostgreSQL 15 and at PostgreSQL 16, 17 and 18 unpacked under .pg/<major>.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +16,8 @@ cd "$(dirname "$0")/.."
 PGRX_VERSION=0.18.1
 PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 PACKAGES=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo redis-server pgbouncer
-  pkg-config libssl-dev openssl fonts-dejavu-core valgrind curl python3-pip dpkg-dev sqlsmith)
+  pkg-config libssl-dev openssl fonts-dejavu-core valgrind curl python3-pip python3-venv dpkg-dev
+  sqlsmith)
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -70,4 +72,12 @@ for ((i = 0; i < ${#init[@]}; i += 2)); do
 done
 if ! $registered; then
   cargo pgrx init "${init[@]}"
+fi
+
+# The Python package's build and test tools, in a virtual environment of the checkout's own.
+PY_TOOLS=("maturin>=1.9,<2" "psycopg[binary]>=3.2,<4" "psycopg-pool>=3.2,<4" "pytest>=8,<10")
+if ! .venv/bin/python -c 'import maturin, psycopg, psycopg_pool, pytest' 2>/dev/null; then
+  echo "setup: a virtual environment .venv with ${PY_TOOLS[*]}"
+  python3 -m venv .venv
+  .venv/bin/pip install -q "${PY_TOOLS[@]}"
 fi

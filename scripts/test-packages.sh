@@ -7,6 +7,7 @@
 #   /usr/bin/shard-directory must run;
 # - PostgreSQL 16, 17, 18 (the trees under .pg/): the extension's files are removed from the
 #   tree, and the package's (dpkg-deb -x) copied into the tree's pkglibdir and share/extension;
+# - the Python wheel: installed with pip into a virtual environment of its own, and imported;
 # - on each major, the smoke tests of e2e/tests/suite/package.rs against throwaway clusters of
 #   that major (PG_CONFIG): every release offered and updated to the current version, a directory
 #   change notified, a stale write refused with 40001 on a shard that preloads the library.
@@ -31,7 +32,7 @@ fail() {
 
 start=$SECONDS
 mapfile -t debs < <(bash scripts/package.sh)
-[ ${#debs[@]} -eq 5 ] || fail "scripts/package.sh built ${#debs[@]} packages, not 5"
+[ ${#debs[@]} -eq 6 ] || fail "scripts/package.sh built ${#debs[@]} packages, not 6"
 deb_of() {
   local deb
   for deb in "${debs[@]}"; do
@@ -128,4 +129,17 @@ for major in 15 16 17 18; do
   grep -q "^test result: ok\. $expected passed" "$tmp/test.log" ||
     fail "PostgreSQL $major: the smoke tests did not all run and pass ($expected expected)"
 done
+# The wheel, installed with pip into a virtual environment of its own (its dependencies, psycopg
+# and psycopg_pool, from PyPI): it imports, and its Rust part answers.
+wheel=$(printf "%s\n" "${debs[@]}" | grep '\.whl$') || fail "no wheel among ${debs[*]}"
+python3 -m venv "$tmp/wheel-venv"
+"$tmp/wheel-venv/bin/pip" install -q "$wheel"
+"$tmp/wheel-venv/bin/python" - <<'PY' || fail "the wheel does not import and answer"
+import shard_directory
+from shard_directory import _native
+assert "assert_directory_version()" in _native.stamp_sql("write")
+assert _native.refusal_reason("40001", '{"reason":"frozen"}') == "frozen"
+assert issubclass(shard_directory.Rejected, shard_directory.ShardDirectoryError)
+PY
+log "the wheel: installed with pip, imported"
 log "every package passed"

@@ -49,6 +49,10 @@ cargo test -p shard-directory-e2e -p shard-directory-demo -p shard-directory-cli
   -p shard-directory-protocol --features shard-directory-protocol/serde \
   -- --show-output 2>&1 | tee -a "$log"
 
+# The Python package (python/): built with maturin, its pytest suite (the conformance scenarios
+# through its driver, and its own tests).
+bash scripts/test-python.sh 2>&1 | tee -a "$log"
+
 # pg_regress and the upgrade check on 16, 17 and 18: the suite's clusters made from each tree
 # (PG_CONFIG).
 for major in 16 17 18; do

@@ -356,17 +356,26 @@ impl Directory {
     /// The entry for `(entity_type, entity_id)`.
     /// A hit allocates nothing: the key is only made on a miss.
     pub async fn lookup(&self, entity_type: &str, entity_id: &str) -> Result<Entry> {
+        if let Some(answer) = self.lookup_cached(entity_type, entity_id) {
+            return answer;
+        }
+        // Boxed: the miss path's state (a fill, the store's query) would otherwise make every
+        // lookup's future kilobytes large, copied on a hit too.
+        Box::pin(self.lookup_key(&EntityKey::new(entity_type, entity_id))).await
+    }
+
+    /// The entry for `(entity_type, entity_id)` when the cache answers without a round trip (it
+    /// is current, and the watcher is there to say so), counted as a hit; `None` when a lookup
+    /// would read the directory. For a caller that must not wait (an event loop), which looks
+    /// up elsewhere on `None`.
+    pub fn lookup_cached(&self, entity_type: &str, entity_id: &str) -> Option<Result<Entry>> {
         let borrowed = KeyRef {
             entity_type,
             entity_id,
         };
-        if let Some(answer) = self.current(&borrowed, KeyRef::to_owned) {
-            self.inner.counters.hit();
-            return answer.map(|(entry, _)| entry);
-        }
-        // Boxed: the miss path's state (a fill, the store's query) would otherwise make every
-        // lookup's future kilobytes large, copied on a hit too.
-        Box::pin(self.lookup_key(&borrowed.to_owned())).await
+        let answer = self.current(&borrowed, KeyRef::to_owned)?;
+        self.inner.counters.hit();
+        Some(answer.map(|(entry, _)| entry))
     }
 
     /// The entry for `key`: from the cache when current, else from the store. While the watcher
@@ -598,8 +607,8 @@ impl Directory {
         self.inner.cache.fill(key, Some(learned), version);
     }
 
-    /// Where `shard` is, from the directory's registry (`shards.conninfo`).
-    pub(crate) async fn shard_conninfo(&self, shard: &str) -> Result<Option<String>> {
+    /// Where `shard` is, from the directory's registry (`shards.conninfo`), if it says.
+    pub async fn shard_conninfo(&self, shard: &str) -> Result<Option<String>> {
         self.inner.store.conninfo(shard).await
     }
 

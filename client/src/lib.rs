@@ -7,6 +7,9 @@
 //! - [`Router`]: one connection pool per shard; runs a closure as one transaction stamped with the
 //!   client's directory version, and re-runs it when the shard refuses a stale route (SQLSTATE
 //!   40001), using the shard's `moved_to` hint when it gives one.
+//! - [`Routing`]: the router's decisions without its connections (where each attempt goes, with
+//!   which stamp, what a refusal teaches), for an application that runs the transactions on
+//!   connections of its own.
 //! - Metrics through the `metrics` facade (the application installs the recorder), logs through
 //!   `tracing`; with feature `debug-http`, an axum router serving `/debug/directory`.
 //! - With feature `redis`, the guide's shared middle cache: entries other instances read, taken
@@ -17,7 +20,7 @@
 //! Modules: `directory` (lookups, fills, the outage policy in `policy`) over `cache` (entries
 //! tagged with versions; its key in `cache_key`, its map in `cache_map`, what changed in
 //! `change_log`, names interned in `name`), `store` (the directory's queries) and `watcher`
-//! (LISTEN, the poll, `changes_since`); `router` (its own index) with `rejection` (a shard's 40001 read); `pool` (bounded
+//! (LISTEN, the poll, `changes_since`); `router` (its own index) over `routing` (its decisions), with `rejection` (a shard's 40001 read); `pool` (bounded
 //! connections) and `statements` (prepared once per connection); `backoff`; `entry` (an entry,
 //! and the protocol's key and state); `error`; `metrics`; `debug_http`; `shared_cache`. The
 //! wire contract with the extension is the `shard-directory-protocol` crate.
@@ -72,6 +75,7 @@ mod rejection;
 mod relay;
 mod replicas;
 mod router;
+mod routing;
 #[cfg(feature = "redis")]
 mod shared_cache;
 mod statements;
@@ -93,6 +97,7 @@ pub use rejection::Rejection;
 #[cfg(feature = "redis")]
 pub use relay::RelayConfig;
 pub use router::{Reads, RetryPolicy, Router, ShardConfig, TxOptions};
+pub use routing::{Check, Route, Routing, Verdict};
 pub use shard_directory_protocol::WATCHER_APPLICATION_NAME;
 #[cfg(feature = "redis")]
 pub use shared_cache::SharedCacheConfig;

@@ -62,10 +62,26 @@ impl Rejection {
     /// The rejection a database error carries, if it is a 40001.
     pub fn of(e: &tokio_postgres::Error) -> Option<Rejection> {
         let db = e.as_db_error()?;
-        if db.code() != &SqlState::T_R_SERIALIZATION_FAILURE {
+        Rejection::from_error(db.code().code(), db.detail())
+    }
+
+    /// The rejection an error with SQLSTATE `sqlstate` and DETAIL `detail` carries, if it is a
+    /// 40001: for a client on another driver (psycopg's `e.diag.sqlstate` and
+    /// `e.diag.message_detail`).
+    ///
+    /// ```
+    /// use shard_directory_client::Rejection;
+    /// let detail = r#"{"reason":"moved","moved_to":"shard_2","version":42}"#;
+    /// let moved = Rejection::from_error("40001", Some(detail)).unwrap();
+    /// assert_eq!(moved.reason(), "moved");
+    /// assert_eq!(Rejection::from_error("40001", None), Some(Rejection::Serialization));
+    /// assert_eq!(Rejection::from_error("23505", Some(detail)), None);
+    /// ```
+    pub fn from_error(sqlstate: &str, detail: Option<&str>) -> Option<Rejection> {
+        if sqlstate != SqlState::T_R_SERIALIZATION_FAILURE.code() {
             return None;
         }
-        let detail: Option<Detail> = db.detail().and_then(|d| serde_json::from_str(d).ok());
+        let detail: Option<Detail> = detail.and_then(|d| serde_json::from_str(d).ok());
         Some(match detail {
             Some(d) => match (d.reason(), d.moved_to, d.version) {
                 (Some(Reason::Moved), Some(moved_to), Some(version)) => Rejection::Moved {

@@ -1,42 +1,8 @@
 //! One attempt: one transaction on one shard, begun, stamped with the client's version (and
 //! checked), the caller's closure run, committed, all within the attempt's time.
 
+use super::stamp::{STAMP, STAMP_AND_CHECK, STAMP_AND_READ_CHECK};
 use super::*;
-
-/// The client's version and entity for the shard's check (the protocol's settings), set for
-/// this transaction only. `$4`, the milliseconds the attempt has left, bounds its statements and
-/// any idle time in the transaction (a stricter `statement_timeout` of the session's stays).
-fn settings() -> String {
-    use shard_directory_protocol::setting::{DIRECTORY_VERSION, ENTITY_ID, ENTITY_TYPE};
-    format!(
-        "set_config('{DIRECTORY_VERSION}', $1, true), \
-         set_config('{ENTITY_TYPE}', $2, true), set_config('{ENTITY_ID}', $3, true), \
-         set_config('statement_timeout', CASE WHEN current_setting('statement_timeout') <> '0' \
-             AND current_setting('statement_timeout')::interval <= ($4 || ' ms')::interval \
-             THEN current_setting('statement_timeout') ELSE $4 END, true), \
-         set_config('idle_in_transaction_session_timeout', $4, true)"
-    )
-}
-
-/// The settings, and the check `check` run on them in the same statement (the subquery,
-/// volatile, so not flattened, sets them first).
-fn stamp_and(check: &str) -> String {
-    format!("SELECT {check} FROM (SELECT {}) stamp", settings())
-}
-
-/// An unchecked read's stamp: the settings alone.
-pub(super) static STAMP: LazyLock<String> = LazyLock::new(|| format!("SELECT {}", settings()));
-
-/// A write's stamp also runs the check, so a stale route is refused before the closure runs
-/// (whatever error type the closure returns); the check's lock then holds every fence of the
-/// shard back until this transaction ends.
-pub(super) static STAMP_AND_CHECK: LazyLock<String> =
-    LazyLock::new(|| stamp_and("shard_directory.assert_directory_version()"));
-
-/// A read's: the check for a reader, which a frozen entity passes (its source holds every row
-/// until the cutover) and a moved or stale one does not.
-pub(super) static STAMP_AND_READ_CHECK: LazyLock<String> =
-    LazyLock::new(|| stamp_and("shard_directory.assert_directory_version(true)"));
 
 impl Router {
     /// One attempt of `mode` at the route `entry` gives, stamped with `version`. (A method, not a closure: an async
@@ -68,9 +34,6 @@ impl Router {
         };
         match mode {
             Mode::Write(options) => {
-                if entry.state == State::ReadOnly && !options.read_only {
-                    return Err(Attempt::ReadOnly);
-                }
                 let one = self
                     .attempt(shard, &stamped(options, &STAMP_AND_CHECK), &bound, f)
                     .await?;
@@ -260,7 +223,8 @@ impl Progress {
 /// What a routed transaction is.
 #[derive(Clone, Copy)]
 pub(super) enum Mode {
-    /// `run`: on the owning shard, checked before the closure runs; waits out `read_only`.
+    /// `run`: on the owning shard, checked before the closure runs (a read-write one waits out
+    /// `read_only` before it: [`crate::Routing::next`]).
     Write(TxOptions),
     /// `read`: read-only, on both shards while the entity is `migrating`; `checked` unless the
     /// caller opted out.
@@ -269,8 +233,6 @@ pub(super) enum Mode {
 
 /// How one attempt ended, when it did not succeed.
 pub(super) enum Attempt<E> {
-    /// The entity is `read_only`: nothing was sent; wait for the freeze to end.
-    ReadOnly,
     /// Nothing went wrong that a retry would repeat: re-run at once (the stamp was adapted to
     /// the shard).
     Again,

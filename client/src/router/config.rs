@@ -117,7 +117,7 @@ impl ShardConfig {
 }
 
 impl RetryPolicy {
-    pub(super) fn backoff(&self, attempt: u32) -> Duration {
+    pub(crate) fn backoff(&self, attempt: u32) -> Duration {
         crate::backoff::jittered(self.base_backoff, attempt, self.max_backoff)
     }
 }

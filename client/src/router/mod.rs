@@ -4,13 +4,14 @@
 //!
 //! - `config`: a shard's connection settings, the retry policy, a transaction's options;
 //! - `retry`: the retry loop (refusals repaired, backoff, the deadline);
-//! - `attempt`: one attempt, one transaction on one shard, stamped and bounded.
+//! - `attempt`: one attempt, one transaction on one shard, stamped and bounded;
+//! - `stamp`: the statement that stamps and checks it.
 
 use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, LazyLock, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use tokio_postgres::types::{ToSql, Type};
@@ -20,7 +21,6 @@ use tracing::Instrument;
 use crate::directory::Directory;
 use crate::entry::{EntityKey, Entry, State};
 use crate::error::{Error, Result};
-use crate::policy::Cached;
 use crate::pool::{self, Connector, Lent, Timeouts};
 use crate::rejection::Rejection;
 use crate::statements::Statements;
@@ -28,6 +28,7 @@ use crate::statements::Statements;
 mod attempt;
 mod config;
 mod retry;
+pub(crate) mod stamp;
 
 use attempt::{Attempt, Mode, Progress, Refusal};
 pub use config::{RetryPolicy, ShardConfig, TxOptions};

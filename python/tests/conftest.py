@@ -1,0 +1,81 @@
+"""A fleet for the package's tests: a directory and two shards, throwaway clusters lent by the
+conformance suite's harness (``shard-directory-conformance --fleet 2``), not a harness of ours."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def conformance_binary() -> str:
+    """The suite's binary: ``SD_CONFORMANCE``, or the workspace's debug build."""
+    return os.environ.get(
+        "SD_CONFORMANCE", str(REPO / "target" / "debug" / "shard-directory-conformance")
+    )
+
+
+class Fleet:
+    def __init__(self, addresses: dict[str, Any]) -> None:
+        self.directory: str = addresses["directory"]
+        self.shards: dict[str, str] = addresses["shards"]
+
+    def sql(self, where: str, statement: str, params: tuple = ()) -> list[tuple]:
+        """Runs ``statement`` as the superuser on the directory or a shard; its rows."""
+        conninfo = self.directory if where == "directory" else self.shards[where]
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            cur = conn.execute(statement, params)
+            return cur.fetchall() if cur.description else []
+
+    def add_tenant(self, tenant: str, shard: str) -> int:
+        """Adds ``tenant`` on ``shard``; returns the directory's version."""
+        self.sql(
+            "directory",
+            "INSERT INTO shard_directory.shard_directory (entity_type, entity_id, shard_name) "
+            "VALUES ('tenant', %s, %s)",
+            (tenant, shard),
+        )
+        return self.sql("directory", "SELECT shard_directory.current_version()")[0][0]
+
+    def orders(self, shard: str, tenant: str) -> list[str]:
+        rows = self.sql(shard, "SELECT item FROM orders WHERE tenant_id = %s ORDER BY item", (tenant,))
+        return [r[0] for r in rows]
+
+
+@pytest.fixture(scope="session")
+def fleet() -> Iterator[Fleet]:
+    lent = subprocess.Popen(
+        [conformance_binary(), "--fleet", "2"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert lent.stdout is not None
+        line = lent.stdout.readline()
+        assert line, "the fleet did not start (is the extension installed? scripts/test-python.sh)"
+        yield Fleet(json.loads(line))
+    finally:
+        # Its stdin ending stops the clusters.
+        assert lent.stdin is not None
+        lent.stdin.close()
+        lent.wait(timeout=120)
+
+
+_tenants = iter(range(1, 1_000_000))
+
+
+@pytest.fixture
+def tenant(fleet: Fleet) -> str:
+    """A tenant of its own on shard_1, for one test."""
+    name = f"py{next(_tenants)}"
+    fleet.add_tenant(name, "shard_1")
+    return name
