@@ -119,8 +119,13 @@ impl Routing {
             route.version.to_string(),
             self.key.entity_type.clone(),
             self.key.entity_id.clone(),
-            route.time_left.as_millis().max(1).to_string(),
+            crate::router::stamp::left_ms(route.time_left),
         ]
+    }
+
+    /// What is left of the deadline.
+    fn time_to_deadline(&self) -> Duration {
+        self.policy.deadline.saturating_sub(self.started.elapsed())
     }
 
     fn out_of_time(&self, backoff: Duration) -> bool {
@@ -143,17 +148,24 @@ impl Routing {
                 self.directory.counters().retried();
                 // Not only the cached state: the cutover may have committed while this client
                 // was not told (no LISTEN behind a pooler). And a freeze whose mover vanished
-                // ends with its lease: the directory is asked to release it.
-                if !self.directory.release_if_expired(&self.key).await {
-                    tokio::time::sleep(backoff).await;
-                    self.refresh_or_degrade(&entry).await?;
+                // ends with its lease: the directory is asked to release it. Within the
+                // deadline: a directory that does not answer would hold the write past it.
+                let look = async {
+                    if !self.directory.release_if_expired(&self.key).await {
+                        tokio::time::sleep(backoff).await;
+                        self.refresh_or_degrade(&entry).await?;
+                    }
+                    Ok::<_, Error>(())
+                };
+                match tokio::time::timeout(self.time_to_deadline(), look).await {
+                    Ok(looked) => looked?,
+                    Err(_) => return Err(Error::ReadOnly(self.key.clone())),
                 }
                 continue;
             }
             let time_left = match self.attempt {
                 1 => self.policy.attempt_timeout,
-                _ => (self.policy.deadline.saturating_sub(self.started.elapsed()))
-                    .min(self.policy.attempt_timeout),
+                _ => self.time_to_deadline().min(self.policy.attempt_timeout),
             };
             return Ok(Route {
                 entry,
@@ -204,7 +216,13 @@ impl Routing {
             // A shard this client cannot reach (retired, or not learned yet): the directory
             // says where the entity is, not the refusal.
             Rejection::Moved { .. } | Rejection::Stale { .. } | Rejection::Missing => {
-                let refreshed = self.refresh_or_degrade(&route.entry).await?;
+                let refresh = self.refresh_or_degrade(&route.entry);
+                let Ok(refreshed) = tokio::time::timeout(self.time_to_deadline(), refresh).await
+                else {
+                    tracing::warn!(entity = %key, %rejection, attempts = attempt, "the directory did not answer by the deadline; giving up");
+                    return Ok(Verdict::GiveUp);
+                };
+                let refreshed = refreshed?;
                 // A minimum the directory has not reached: no refresh cures it (a failover that
                 // lost the directory's last changes, a minimum raised by hand).
                 if let (

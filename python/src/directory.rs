@@ -14,6 +14,7 @@ use tokio::runtime::Runtime;
 
 use crate::errors::{self, ConfigError};
 use crate::routing::Routing;
+use crate::wait::wait;
 
 /// An entry of the directory, as a lookup returned it.
 #[pyclass(frozen, get_all, module = "shard_directory")]
@@ -47,9 +48,16 @@ impl From<&RustEntry> for Entry {
 #[pymethods]
 impl Entry {
     fn __repr__(&self) -> String {
+        let text = |t: &Option<String>| t.as_ref().map_or("None".to_owned(), |t| format!("'{t}'"));
         format!(
-            "Entry(shard_name={:?}, target_shard={:?}, state={:?}, version={}, directory_version={})",
-            self.shard_name, self.target_shard, self.state, self.version, self.directory_version
+            "Entry(shard_name='{}', target_shard={}, state='{}', region={}, version={}, \
+             directory_version={})",
+            self.shard_name,
+            text(&self.target_shard),
+            self.state,
+            text(&self.region),
+            self.version,
+            self.directory_version
         )
     }
 
@@ -204,25 +212,21 @@ impl Directory {
             .enable_all()
             .build()
             .map_err(|e| ConfigError::new_err(format!("the client's runtime: {e}")))?;
-        let wait = settings.connect_timeout;
-        let directory = py
-            .detach(|| {
-                runtime.block_on(async {
-                    let directory =
-                        shard_directory_client::Directory::connect(config, settings).await?;
-                    // Ready means its watcher (or relay) is connected: until then every lookup
-                    // reads the directory. A watcher that cannot connect within the connect
-                    // timeout leaves it so (it goes on trying), not failed.
-                    let connected = async {
-                        while !directory.is_connected() {
-                            tokio::time::sleep(Duration::from_millis(5)).await;
-                        }
-                    };
-                    let _ = tokio::time::timeout(wait, connected).await;
-                    Ok(directory)
-                })
-            })
-            .map_err(errors::to_py)?;
+        let patience = settings.connect_timeout;
+        let connected = wait(py, &runtime, async {
+            let directory = shard_directory_client::Directory::connect(config, settings).await?;
+            // Ready means its watcher (or relay) is connected: until then every lookup reads
+            // the directory. A watcher that cannot connect within the connect timeout leaves it
+            // so (it goes on trying), not failed.
+            let connected = async {
+                while !directory.is_connected() {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            };
+            let _ = tokio::time::timeout(patience, connected).await;
+            Ok(directory)
+        });
+        let directory = connected?.map_err(errors::to_py)?;
         Ok(Directory {
             open: Mutex::new(Some(Open {
                 runtime: Arc::new(runtime),
@@ -238,7 +242,7 @@ impl Directory {
             return Ok(cached);
         }
         let (runtime, directory) = self.with_open(|r, d| (r.clone(), d.clone()))?;
-        py.detach(|| runtime.block_on(directory.lookup(entity_type, entity_id)))
+        wait(py, &runtime, directory.lookup(entity_type, entity_id))?
             .map(|e| Entry::from(&e))
             .map_err(errors::to_py)
     }
@@ -273,8 +277,7 @@ impl Directory {
     /// Reads what changed in the directory now; returns the version.
     fn refresh(&self, py: Python<'_>) -> PyResult<i64> {
         let (runtime, directory) = self.with_open(|r, d| (r.clone(), d.clone()))?;
-        py.detach(|| runtime.block_on(directory.refresh()))
-            .map_err(errors::to_py)
+        wait(py, &runtime, directory.refresh())?.map_err(errors::to_py)
     }
 
     /// Waits up to `timeout` seconds until this client knows `version` or a later one (after a
@@ -282,13 +285,10 @@ impl Directory {
     fn wait_for_version(&self, py: Python<'_>, version: i64, timeout: f64) -> PyResult<bool> {
         let timeout = seconds(timeout, "timeout")?;
         let (runtime, directory) = self.with_open(|r, d| (r.clone(), d.clone()))?;
-        Ok(py.detach(|| {
-            runtime.block_on(async {
-                tokio::time::timeout(timeout, directory.wait_for_version(version))
-                    .await
-                    .is_ok()
-            })
-        }))
+        // The timer is made on the runtime, inside the future.
+        let known =
+            async { tokio::time::timeout(timeout, directory.wait_for_version(version)).await };
+        Ok(wait(py, &runtime, known)?.is_ok())
     }
 
     /// The `/debug/directory` view (the version, the watcher, the counters), as JSON.
@@ -313,8 +313,7 @@ impl Directory {
     /// Where `shard` is, from the directory's registry (`shards.conninfo`), if it says.
     fn shard_conninfo(&self, py: Python<'_>, shard: &str) -> PyResult<Option<String>> {
         let (runtime, directory) = self.with_open(|r, d| (r.clone(), d.clone()))?;
-        py.detach(|| runtime.block_on(directory.shard_conninfo(shard)))
-            .map_err(errors::to_py)
+        wait(py, &runtime, directory.shard_conninfo(shard))?.map_err(errors::to_py)
     }
 
     /// The attempts of one routed transaction (see `Routing`).
@@ -338,7 +337,7 @@ impl Directory {
         let key = EntityKey::new(entity_type, entity_id);
         self.with_open(|runtime, directory| {
             Routing::new(
-                runtime.clone(),
+                Arc::downgrade(runtime),
                 shard_directory_client::Routing::new(directory, key, policy, write),
             )
         })
@@ -349,7 +348,8 @@ impl Directory {
         let open = self.open.lock().expect("open lock").take();
         if let Some(Open { runtime, directory }) = open {
             drop(directory);
-            // The last holder of the runtime shuts it down (a Routing still alive holds it).
+            // A `Routing` holds the runtime only while it waits on it: the one still waiting
+            // ends it when it returns.
             if let Ok(runtime) = Arc::try_unwrap(runtime) {
                 py.detach(|| runtime.shutdown_timeout(Duration::from_secs(5)));
             }

@@ -1,5 +1,5 @@
-//! The package's exceptions, one class per error of the Rust client (and the two the Python
-//! router raises itself), each with `retryable` and what it names (the entity, the shard), in one
+//! The package's exceptions, one class per error of the Rust client (and the ones the Python
+//! router raises itself: `Rejected`, `ShardUnavailable`, `Aborted`), each with `retryable` and what it names (the entity, the shard), in one
 //! place. `shard_directory/__init__.py` re-exports them.
 
 use pyo3::exceptions::PyException;
@@ -68,6 +68,12 @@ pyo3::create_exception!(
 );
 pyo3::create_exception!(
     shard_directory,
+    Aborted,
+    ShardDirectoryError,
+    "The transaction was aborted by an error the application caught: rolled back, not committed."
+);
+pyo3::create_exception!(
+    shard_directory,
     ConfigError,
     ShardDirectoryError,
     "A setting the client cannot use."
@@ -89,6 +95,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Rejected", py.get_type::<Rejected>())?;
     m.add("DirectoryBehind", py.get_type::<DirectoryBehind>())?;
     m.add("ShardUnavailable", py.get_type::<ShardUnavailable>())?;
+    m.add("Aborted", py.get_type::<Aborted>())?;
     m.add("ConfigError", py.get_type::<ConfigError>())?;
     Ok(())
 }

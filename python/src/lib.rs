@@ -5,13 +5,15 @@
 //!   `Entry`;
 //! - `routing`: `Routing` and `Route`, the decisions of a routed transaction whose connections
 //!   are psycopg's, and the stamp;
-//! - `errors`: the exception classes.
+//! - `errors`: the exception classes;
+//! - `wait`: the client's futures run with the GIL released, interruptible by signals.
 
 use pyo3::prelude::*;
 
 mod directory;
 mod errors;
 mod routing;
+mod wait;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -19,6 +21,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<directory::Entry>()?;
     m.add_class::<routing::Routing>()?;
     m.add_class::<routing::Route>()?;
+    m.add_class::<routing::Pending>()?;
     m.add_function(wrap_pyfunction!(routing::stamp_sql, m)?)?;
     m.add_function(wrap_pyfunction!(routing::refusal_reason, m)?)?;
     errors::register(m)?;

@@ -13,6 +13,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from shard_directory import Router, ShardDirectory
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -79,3 +81,17 @@ def tenant(fleet: Fleet) -> str:
     name = f"py{next(_tenants)}"
     fleet.add_tenant(name, "shard_1")
     return name
+
+
+@pytest.fixture(scope="module")
+def directory(fleet: Fleet) -> Iterator[ShardDirectory]:
+    """A client of the fleet's directory, for one test module."""
+    with ShardDirectory(fleet.directory) as d:
+        yield d
+
+
+@pytest.fixture
+def router(fleet: Fleet, directory: ShardDirectory) -> Iterator[Router]:
+    """A router over both shards, re-running for at most 2 s."""
+    with Router(directory, fleet.shards, deadline=2.0) as r:
+        yield r

@@ -13,18 +13,6 @@ from shard_directory import Reads, Router, ShardDirectory
 ORDER = "INSERT INTO orders (tenant_id, item) VALUES (%s, %s)"
 
 
-@pytest.fixture(scope="module")
-def directory(fleet):
-    with ShardDirectory(fleet.directory) as d:
-        yield d
-
-
-@pytest.fixture
-def router(fleet, directory):
-    with Router(directory, fleet.shards, deadline=2.0) as r:
-        yield r
-
-
 def test_run_commits_once_on_the_owning_shard_stamped_with_the_version(
     fleet, directory, router, tenant
 ) -> None:

@@ -142,7 +142,7 @@ impl Router {
         // One round trip: prepared once per connection, or unnamed.
         bound.at.step(shard, "stamp");
         let version = version.to_string();
-        let left = bound.left.as_millis().max(1).to_string();
+        let left = super::stamp::left_ms(bound.left);
         let params: [(&(dyn ToSql + Sync), Type); 4] = [
             (&version, Type::TEXT),
             (&key.entity_type, Type::TEXT),

@@ -2,6 +2,7 @@
 //! itself, in one statement that opens every routed transaction.
 
 use std::sync::LazyLock;
+use std::time::Duration;
 
 /// The client's version and entity for the shard's check (the protocol's settings), set for
 /// this transaction only. `$4`, the milliseconds the attempt has left, bounds its statements and
@@ -37,3 +38,9 @@ pub(crate) static STAMP_AND_CHECK: LazyLock<String> =
 /// until the cutover) and a moved or stale one does not.
 pub(crate) static STAMP_AND_READ_CHECK: LazyLock<String> =
     LazyLock::new(|| stamp_and("shard_directory.assert_directory_version(true)"));
+
+/// `$4` of the stamp: the milliseconds an attempt has left, at least 1 and at most what
+/// `statement_timeout` takes (`INT_MAX` ms, 24.8 days: a longer attempt is not bounded there).
+pub(crate) fn left_ms(left: Duration) -> String {
+    left.as_millis().clamp(1, i32::MAX as u128).to_string()
+}

@@ -17,6 +17,7 @@ only its connections, psycopg 3's, pooled per shard.
 """
 
 from ._native import (
+    Aborted,
     ConfigError,
     DirectoryBehind,
     DirectoryError,
@@ -34,6 +35,7 @@ from .directory import AsyncShardDirectory, ShardDirectory
 from .router import AsyncRouter, Reads, Router
 
 __all__ = [
+    "Aborted",
     "AsyncRouter",
     "AsyncShardDirectory",
     "ConfigError",

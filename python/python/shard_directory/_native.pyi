@@ -44,6 +44,7 @@ class DirectoryBehind(ShardDirectoryError):
 class ShardUnavailable(ShardDirectoryError):
     shard: str
 
+class Aborted(ShardDirectoryError): ...
 class ConfigError(ShardDirectoryError): ...
 
 @final
@@ -64,8 +65,21 @@ class Route:
     stamp_params: dict[str, str]
 
 @final
+class Pending:
+    def cancel(self) -> None: ...
+
+@final
 class Routing:
     def next(self) -> Route: ...
+    def next_soon(self, done: Callable[[bool, object], None]) -> Pending: ...
+    def refused_soon(
+        self,
+        route: Route,
+        sqlstate: str,
+        detail: str | None,
+        can_route_to: Callable[[str], bool],
+        done: Callable[[bool, object], None],
+    ) -> Pending: ...
     def refused(
         self,
         route: Route,

@@ -10,6 +10,20 @@ from typing import Any
 from . import _native
 
 
+def entity(entity_type: object, entity_id: object) -> tuple[str, str]:
+    """An entity's type and id as the directory keys them: the id a str or an int (``8842`` is
+    ``"8842"``), neither holding NUL; ``TypeError`` or ``ValueError`` otherwise, before anything is
+    asked of the directory."""
+    if not isinstance(entity_type, str):
+        raise TypeError(f"entity_type must be a str, not {type(entity_type).__name__}")
+    if isinstance(entity_id, bool) or not isinstance(entity_id, (str, int)):
+        raise TypeError(f"entity_id must be a str or an int, not {type(entity_id).__name__}")
+    entity_id = str(entity_id)
+    if "\0" in entity_type or "\0" in entity_id:
+        raise ValueError("an entity's type and id cannot contain NUL")
+    return entity_type, entity_id
+
+
 class _Directory:
     """What both clients answer at once, from memory: the version, the watcher's state, the
     counters."""
@@ -74,7 +88,7 @@ class ShardDirectory(_Directory):
 
         Raises ``UnknownEntity``, and while the directory is unreachable ``DirectoryUnavailable``
         or ``FailClosed`` as the policy decides."""
-        return self._native.lookup(entity_type, str(entity_id))
+        return self._native.lookup(*entity(entity_type, entity_id))
 
     def refresh(self) -> int:
         """Reads what changed in the directory now; returns the version."""
@@ -109,6 +123,8 @@ class AsyncShardDirectory(_Directory):
     directory, and every other call that may wait, runs on a thread, never on the event loop."""
 
     def __init__(self, native: _native.Directory) -> None:
+        if not isinstance(native, _native.Directory):
+            raise TypeError("connect with `await AsyncShardDirectory.connect(conninfo, ...)`")
         self._native = native
 
     @classmethod
@@ -117,11 +133,11 @@ class AsyncShardDirectory(_Directory):
 
     async def lookup(self, entity_type: str, entity_id: str) -> _native.Entry:
         """As ``ShardDirectory.lookup``."""
-        entity_id = str(entity_id)
-        cached = self._native.lookup_cached(entity_type, entity_id)
+        key = entity(entity_type, entity_id)
+        cached = self._native.lookup_cached(*key)
         if cached is not None:
             return cached
-        return await asyncio.to_thread(self._native.lookup, entity_type, entity_id)
+        return await asyncio.to_thread(self._native.lookup, *key)
 
     async def refresh(self) -> int:
         return await asyncio.to_thread(self._native.refresh)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
+import math
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
@@ -16,10 +18,11 @@ from typing import Any, Generic, TypeVar
 import psycopg
 from psycopg import IsolationLevel
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
+from psycopg.pq import TransactionStatus
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTimeout
 
 from . import _native
-from .directory import AsyncShardDirectory, ShardDirectory
+from .directory import AsyncShardDirectory, ShardDirectory, entity as _entity
 
 T = TypeVar("T")
 
@@ -56,6 +59,37 @@ def _error(cls: type[Exception], message: str, **attrs: object) -> Exception:
     return e
 
 
+class _Dead(Exception):
+    """The pooled connection was gone before the stamp reached the shard (the shard restarted, or
+    ended the session): nothing was sent, and the attempt is made again on a new one."""
+
+
+def _unreachable(e: BaseException) -> bool:
+    """Whether ``e`` says the shard could not be reached (not an error it answered with)."""
+    if isinstance(e, _native.ShardUnavailable):
+        return True
+    if not isinstance(e, psycopg.OperationalError):
+        return False
+    code = e.sqlstate
+    return code is None or code.startswith("08") or code in ("57P01", "57P02", "57P03")
+
+
+def _aborted(entity: tuple[str, str], shard: str) -> Exception:
+    return _error(
+        _native.Aborted,
+        f"{entity[0]}/{entity[1]}: the transaction on shard \"{shard}\" was aborted by an error "
+        "the application caught; it was rolled back, nothing was committed",
+        entity_type=entity[0],
+        entity_id=entity[1],
+        shard=shard,
+        retryable=False,
+    )
+
+
+def _closed() -> Exception:
+    return _error(_native.ConfigError, "the router is closed", retryable=False)
+
+
 class _Routes:
     """What both routers share: the shards' conninfos and pools, the retry policy, and what a
     refusal is worth (the core decides; this only asks it and names the result)."""
@@ -69,6 +103,11 @@ class _Routes:
         prepare: bool,
         policy: dict[str, float],
     ) -> None:
+        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
+            raise _error(_native.ConfigError, f"pool_size: {pool_size!r}", retryable=False)
+        for name, value in {"connect_timeout": connect_timeout, **policy}.items():
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise _error(_native.ConfigError, f"{name}: {value!r} s", retryable=False)
         self._learn = learn_shards
         self._pool_size = pool_size
         self._connect_timeout = connect_timeout
@@ -97,11 +136,16 @@ class _Routes:
             "name": f"shard_directory:{name}",
         }
 
+    def _check_open(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise _closed()
+
     def _known_pool(self, shard: str, entity: tuple[str, str]) -> Any:
         """The pool of ``shard`` if this router has one; ``UnknownShard`` if it cannot learn it."""
         with self._lock:
             if self._closed:
-                raise _error(_native.ConfigError, "the router is closed", retryable=False)
+                raise _closed()
             pool = self._pools.get(shard)
         if pool is None and self._learn is None:
             raise self._unknown(shard, entity)
@@ -123,6 +167,9 @@ class _Routes:
             raise self._unknown(shard, entity)
         conninfo = make_conninfo(registered, **conninfo_to_dict(self._learn))
         with self._lock:
+            # Closed while the registry was read: no pool is left behind.
+            if self._closed:
+                raise _closed()
             if shard not in self._pools:
                 self._pools[shard] = self._new_pool(shard, conninfo)
             return self._pools[shard]
@@ -134,6 +181,7 @@ class _Routes:
     def _routing(
         self, directory: ShardDirectory | AsyncShardDirectory, entity: tuple[str, str], write: bool
     ) -> _native.Routing:
+        self._check_open()
         return directory._native.routing(*entity, write=write, **self._policy)
 
     @staticmethod
@@ -189,6 +237,43 @@ def _policy(deadline: float, attempt_timeout: float, base_backoff: float, max_ba
 def _begin(conn: Any, read_only: bool, isolation: IsolationLevel | None) -> None:
     conn.read_only = read_only
     conn.isolation_level = isolation
+
+
+async def _soon(start: Callable[[Callable[[bool, Any], None]], _native.Pending]) -> Any:
+    """A decision of the core made on its runtime, awaited without a thread of the loop's: the
+    core calls back with the answer; a cancelled wait stops it there (a freeze's or a backoff's
+    wait ends with the task that awaited it)."""
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[Any] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if answer.done():
+            return
+        if ok:
+            answer.set_result(value)
+        else:
+            answer.set_exception(value)
+
+    def done(ok: bool, value: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(settle, ok, value)
+
+    pending = start(done)
+    try:
+        return await answer
+    except asyncio.CancelledError:
+        pending.cancel()
+        raise
+
+
+def _not_awaitable(result: T) -> T:
+    """``result``, unless it is a coroutine (an ``async def`` passed to the synchronous router):
+    then ``TypeError``, and the transaction rolls back."""
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()
+        raise TypeError("the function returned an awaitable: use AsyncRouter for coroutines")
+    return result
 
 
 class Router(_Routes):
@@ -248,12 +333,24 @@ class Router(_Routes):
             conn = conn_cm.__enter__()
         except PoolTimeout as e:
             raise self._unavailable(shard, e) from e
+        except PoolClosed as e:
+            raise _closed() from e
         with contextlib.ExitStack() as stack:
             stack.push(conn_cm)
-            _begin(conn, read_only, isolation)
-            with conn.transaction():
-                conn.execute(_STAMP[check], route.stamp_params)
-                yield conn
+            stamped = False
+            try:
+                _begin(conn, read_only, isolation)
+                with conn.transaction():
+                    conn.execute(_STAMP[check], route.stamp_params)
+                    stamped = True
+                    yield conn
+                    # An error the caller caught aborted it: COMMIT would roll it back, silently.
+                    if conn.info.transaction_status == TransactionStatus.INERROR:
+                        raise _aborted(entity, shard)
+            except psycopg.OperationalError as e:
+                if not stamped and conn.broken:
+                    raise _Dead() from e
+                raise
 
     def _again(
         self, routing: _native.Routing, route: _native.Route, e: psycopg.Error, entity: tuple[str, str]
@@ -281,7 +378,9 @@ class Router(_Routes):
         repaired route, until the deadline (then ``Rejected``). While the entity is ``read_only``
         a write sends nothing and waits for the cutover to end (``ReadOnly`` past the
         deadline). An exception of ``fn`` rolls back and is raised as it is."""
-        entity = (entity_type, str(entity_id))
+        if inspect.iscoroutinefunction(fn):
+            raise TypeError("Router.run takes a plain function: use AsyncRouter for coroutines")
+        entity = _entity(entity_type, entity_id)
         routing = self._routing(self.directory, entity, write=not read_only)
         check = "read" if read_only else "write"
         while True:
@@ -290,7 +389,9 @@ class Router(_Routes):
                 with self._stamped(
                     route.entry.shard_name, entity, route, check, read_only, isolation
                 ) as conn:
-                    return fn(conn)
+                    return _not_awaitable(fn(conn))
+            except _Dead:
+                continue
             except psycopg.Error as e:
                 self._again(routing, route, e, entity)
 
@@ -305,7 +406,9 @@ class Router(_Routes):
         """Runs ``fn(conn)`` as a read-only transaction, checked as a write is (a shard that gave
         the entity away refuses it, and it is re-run), and on both shards while the entity is
         ``migrating``. ``checked=False`` accepts an answer from a shard that gave it away."""
-        entity = (entity_type, str(entity_id))
+        if inspect.iscoroutinefunction(fn):
+            raise TypeError("Router.read takes a plain function: use AsyncRouter for coroutines")
+        entity = _entity(entity_type, entity_id)
         routing = self._routing(self.directory, entity, write=False)
         check = "read" if checked else "unchecked"
         while True:
@@ -313,15 +416,20 @@ class Router(_Routes):
             try:
                 shard = route.entry.shard_name
                 with self._stamped(shard, entity, route, check, True, None) as conn:
-                    source = fn(conn)
+                    source = _not_awaitable(fn(conn))
                 target = route.entry.target_shard
                 if route.entry.state != "migrating" or target is None:
                     return Reads(source)
                 try:
                     with self._stamped(target, entity, route, check, True, None) as conn:
-                        return Reads(source, fn(conn))
-                except (_native.ShardUnavailable, psycopg.OperationalError) as e:
-                    return Reads(source, target_unavailable=str(e))
+                        return Reads(source, _not_awaitable(fn(conn)))
+                except (_native.ShardUnavailable, psycopg.OperationalError, _Dead) as e:
+                    # The source still owns every row; a refusal of the target's is a refusal.
+                    if not isinstance(e, _Dead) and not _unreachable(e):
+                        raise
+                    return Reads(source, target_unavailable=str(e.__cause__ or e))
+            except _Dead:
+                continue
             except psycopg.Error as e:
                 self._again(routing, route, e, entity)
 
@@ -339,7 +447,7 @@ class Router(_Routes):
         begun again; a write waits out a freeze. A refusal raised in the block, or at commit,
         cannot re-run it: it is learned from (so the next transaction is routed right) and raised
         as psycopg's ``SerializationFailure``; ``run()`` re-runs a callable instead."""
-        entity = (entity_type, str(entity_id))
+        entity = _entity(entity_type, entity_id)
         routing = self._routing(self.directory, entity, write=not read_only)
         check = "read" if read_only else "write"
         while True:
@@ -352,6 +460,8 @@ class Router(_Routes):
                     began = True
                     yield conn
                 return
+            except _Dead:
+                continue
             except psycopg.Error as e:
                 refusal = self._refusal(e)
                 if not began:
@@ -433,13 +543,24 @@ class AsyncRouter(_Routes):
             conn = await conn_cm.__aenter__()
         except PoolTimeout as e:
             raise self._unavailable(shard, e) from e
+        except PoolClosed as e:
+            raise _closed() from e
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_exit(conn_cm)
-            await conn.set_read_only(read_only)
-            await conn.set_isolation_level(isolation)
-            async with conn.transaction():
-                await conn.execute(_STAMP[check], route.stamp_params)
-                yield conn
+            stamped = False
+            try:
+                await conn.set_read_only(read_only)
+                await conn.set_isolation_level(isolation)
+                async with conn.transaction():
+                    await conn.execute(_STAMP[check], route.stamp_params)
+                    stamped = True
+                    yield conn
+                    if conn.info.transaction_status == TransactionStatus.INERROR:
+                        raise _aborted(entity, shard)
+            except psycopg.OperationalError as e:
+                if not stamped and conn.broken:
+                    raise _Dead() from e
+                raise
 
     async def _again(
         self, routing: _native.Routing, route: _native.Route, e: psycopg.Error, entity: tuple[str, str]
@@ -447,7 +568,10 @@ class AsyncRouter(_Routes):
         refusal = self._refusal(e)
         if refusal is None:
             raise e
-        if not await asyncio.to_thread(routing.refused, route, *refusal, self._can_route_to):
+        again = await _soon(
+            lambda done: routing.refused_soon(route, *refusal, self._can_route_to, done)
+        )
+        if not again:
             raise self._rejected(route, e, entity)
 
     async def run(
@@ -460,16 +584,18 @@ class AsyncRouter(_Routes):
         isolation: IsolationLevel | None = None,
     ) -> T:
         """As ``Router.run``, awaiting ``fn(conn)``."""
-        entity = (entity_type, str(entity_id))
+        entity = _entity(entity_type, entity_id)
         routing = self._routing(self.directory, entity, write=not read_only)
         check = "read" if read_only else "write"
         while True:
-            route = await asyncio.to_thread(routing.next)
+            route = await _soon(routing.next_soon)
             try:
                 async with self._stamped(
                     route.entry.shard_name, entity, route, check, read_only, isolation
                 ) as conn:
                     return await fn(conn)
+            except _Dead:
+                continue
             except psycopg.Error as e:
                 await self._again(routing, route, e, entity)
 
@@ -482,11 +608,11 @@ class AsyncRouter(_Routes):
         checked: bool = True,
     ) -> Reads[T]:
         """As ``Router.read``, awaiting ``fn(conn)``."""
-        entity = (entity_type, str(entity_id))
+        entity = _entity(entity_type, entity_id)
         routing = self._routing(self.directory, entity, write=False)
         check = "read" if checked else "unchecked"
         while True:
-            route = await asyncio.to_thread(routing.next)
+            route = await _soon(routing.next_soon)
             try:
                 shard = route.entry.shard_name
                 async with self._stamped(shard, entity, route, check, True, None) as conn:
@@ -497,10 +623,52 @@ class AsyncRouter(_Routes):
                 try:
                     async with self._stamped(target, entity, route, check, True, None) as conn:
                         return Reads(source, await fn(conn))
-                except (_native.ShardUnavailable, psycopg.OperationalError) as e:
-                    return Reads(source, target_unavailable=str(e))
+                except (_native.ShardUnavailable, psycopg.OperationalError, _Dead) as e:
+                    if not isinstance(e, _Dead) and not _unreachable(e):
+                        raise
+                    return Reads(source, target_unavailable=str(e.__cause__ or e))
+            except _Dead:
+                continue
             except psycopg.Error as e:
                 await self._again(routing, route, e, entity)
+
+    @contextlib.asynccontextmanager
+    async def transaction(
+        self,
+        entity_type: str,
+        entity_id: str | int,
+        *,
+        read_only: bool = False,
+        isolation: IsolationLevel | None = None,
+    ) -> AsyncIterator[psycopg.AsyncConnection]:
+        """As ``Router.transaction``: ``async with router.transaction(...) as conn``."""
+        entity = _entity(entity_type, entity_id)
+        routing = self._routing(self.directory, entity, write=not read_only)
+        check = "read" if read_only else "write"
+        while True:
+            route = await _soon(routing.next_soon)
+            began = False
+            try:
+                async with self._stamped(
+                    route.entry.shard_name, entity, route, check, read_only, isolation
+                ) as conn:
+                    began = True
+                    yield conn
+                return
+            except _Dead:
+                continue
+            except psycopg.Error as e:
+                refusal = self._refusal(e)
+                if not began:
+                    await self._again(routing, route, e, entity)
+                    continue
+                if refusal is not None:
+                    await _soon(
+                        lambda done: routing.refused_soon(
+                            route, *refusal, self._can_route_to, done
+                        )
+                    )
+                raise
 
     async def close(self) -> None:
         """Closes every shard's pool. Idempotent."""
