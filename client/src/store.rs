@@ -36,18 +36,28 @@ macro_rules! fetch {
 
 /// Which server answered, as columns of every read: whether it is a standby (a replica's read is
 /// taken only while it is one: a promoted server goes on a history of its own), and which copy of
-/// the directory it is: when its postmaster started, and the version table's file (`base/<the
-/// database's oid>/<file>`: a database restored beside the directory by rename is another;
-/// read without a catalog scan, which cost each fill a third more of the server's CPU). A
-/// restart, a restored copy and a promoted standby each are another: a version one notified
-/// says nothing of another's.
+/// the directory it is ([`server`]): when its postmaster started, and the version table's file
+/// (`base/<the database's oid>/<file>`: a database restored beside the directory by rename is
+/// another). Plain columns, read without a catalog scan: a subquery on `pg_database` cost each
+/// fill a third more of the server's CPU.
 macro_rules! recovering {
     () => {
         ", pg_catalog.pg_is_in_recovery() AS recovering, \
-         (extract(epoch FROM pg_catalog.pg_postmaster_start_time()) * 1000000)::int8::text \
-           || ' ' || pg_catalog.pg_relation_filepath('shard_directory.shard_directory_version') \
-           AS server"
+         pg_catalog.pg_postmaster_start_time() AS started, \
+         pg_catalog.pg_relation_filepath('shard_directory.shard_directory_version') AS file"
     };
+}
+
+/// The copy of the directory a row of a read with [`recovering!`]'s columns came from: a
+/// restart, a restored copy and a promoted standby each are another, and a version one notified
+/// says nothing of another's.
+fn server(row: &Row) -> String {
+    let started: std::time::SystemTime = row.get("started");
+    let micros = started
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros());
+    let file: Option<&str> = row.get("file");
+    format!("{micros} {}", file.unwrap_or_default())
 }
 
 /// The directory's epoch, as a column of the reads that carry it.
@@ -176,7 +186,7 @@ impl Changes {
             changed,
             epoch: has("epoch").then(|| row.get("epoch")),
             recovering: row.get("recovering"),
-            server: Some(row.get("server")),
+            server: Some(server(row)),
         }
     }
 
@@ -471,14 +481,14 @@ impl Store {
             version: row.get(5),
             directory_version,
         });
-        let (recovering, server) = (row.get("recovering"), row.get::<_, &str>("server"));
+        let (recovering, server) = (row.get("recovering"), server(&row));
         let epoch = row
             .columns()
             .iter()
             .any(|c| c.name() == "epoch")
             .then(|| row.get("epoch"));
         if self.is_primary(pool) {
-            self.primary_said(epoch.as_deref(), Some(server), directory_version);
+            self.primary_said(epoch.as_deref(), Some(&server), directory_version);
         }
         Ok(Fetched(entry, directory_version, epoch, recovering))
     }
