@@ -605,7 +605,7 @@ mod tests {
             connect: Duration::from_secs(1),
             query: Duration::from_secs(1),
         };
-        let tls = Connector::new(None).unwrap();
+        let tls = Connector::platform().expect("a connector");
         let config: tokio_postgres::Config = "host=127.0.0.1 port=1".parse().unwrap();
         let replicas = Replicas::new(Vec::new(), 1, timeouts, &tls, Duration::ZERO).unwrap();
         let counters = Arc::new(Counters::default());
