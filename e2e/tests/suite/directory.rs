@@ -155,6 +155,7 @@ async fn listeners_hear_the_new_version_at_commit_and_nothing_on_rollback() {
 #[tokio::test]
 async fn the_first_change_of_a_lineage_notifies_its_epoch_before_its_version() {
     let (cluster, _) = directory().await;
+    cluster.stop();
     cluster.restart();
     let writer = cluster.connect("directory").await;
     let mut listener = cluster.connect_listening("directory").await;
