@@ -3,26 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import threading
 import urllib.request
 
 import pytest
 
 import shard_directory
+from conftest import client_threads
 from shard_directory import ShardDirectory
-
-
-def _client_threads() -> int:
-    """Threads of this process the client's runtime named."""
-    names = []
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/comm") as f:
-                names.append(f.read().strip())
-        except FileNotFoundError:
-            pass
-    return sum(1 for n in names if n.startswith("shard-directo"))
 
 
 def test_lookup_reads_the_entry_and_then_serves_it_from_the_cache(fleet, tenant) -> None:
@@ -82,11 +70,11 @@ def test_the_debug_endpoint_serves_the_version_as_in_the_guide(fleet, tenant) ->
 
 
 def test_close_ends_the_clients_threads_and_further_calls_raise(fleet, tenant) -> None:
-    before = _client_threads()
+    before = client_threads()
     directory = ShardDirectory(fleet.directory)
-    assert _client_threads() > before
+    assert client_threads() > before
     directory.close()
-    assert _client_threads() == before, "no thread of the client outlives close()"
+    assert client_threads() == before, "no thread of the client outlives close()"
     assert directory.closed
     directory.close()  # idempotent
     with pytest.raises(shard_directory.ConfigError):

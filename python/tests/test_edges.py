@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import gc
-import os
 import select
 import signal
 import socket
@@ -22,22 +21,11 @@ from psycopg import IsolationLevel
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import shard_directory
+from conftest import client_threads
 from shard_directory import AsyncRouter, AsyncShardDirectory, Router, ShardDirectory
 
 ORDER = "INSERT INTO orders (tenant_id, item) VALUES (%s, %s)"
 RAISE_40001 = "DO $$ BEGIN RAISE EXCEPTION 'could not serialize' USING ERRCODE = '40001'; END $$"
-
-
-def _client_threads() -> int:
-    """Threads of this process the client's runtime named."""
-    names = []
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/comm") as f:
-                names.append(f.read().strip())
-        except FileNotFoundError:
-            pass
-    return sum(1 for n in names if n.startswith("shard-directo"))
 
 
 def _pool_threads() -> list[str]:
@@ -461,7 +449,7 @@ def test_close_ends_the_clients_threads_even_while_an_error_of_a_routed_call_is_
     traceback holds run()'s Routing, which holds the runtime: close() leaves the runtime's threads
     (and the watcher's debug server) running."""
     gc.collect()
-    before = _client_threads()
+    before = client_threads()
     directory = ShardDirectory(fleet.directory)
     router = Router(directory, fleet.shards, deadline=1.0)
     kept = None
@@ -472,7 +460,7 @@ def test_close_ends_the_clients_threads_even_while_an_error_of_a_routed_call_is_
     router.close()
     directory.close()
     assert directory.closed
-    assert _client_threads() == before, "threads of the client outlive close()"
+    assert client_threads() == before, "threads of the client outlive close()"
     assert kept is not None
 
 
