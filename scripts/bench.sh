@@ -13,12 +13,14 @@
 #   fanout     COMMIT to every one of N client instances (over 4 processes) knowing the version
 #   poll       the read every instance makes per change: the version row vs changes_since()
 #   recovery   a write on a stale route (moved, re-pointed) to its committed retry vs a current one
+#   python     the Python package: a cached lookup vs the guide's dict and the Rust client; a routed
+#              one-row transaction vs the same on a plain psycopg connection
 # No argument runs them all. --quick runs each for a few seconds at smaller sizes (a few minutes
 # in all). Every run writes its output, with the date and the machine, to
 # bench/results/results.md, and `fanout` its samples and a chart (bench/results/fanout.{csv,svg});
 # --quick writes under bench/results/quick/ instead.
-# Settings: BENCH_SECONDS, BENCH_ROUNDS (check, directory, replica; BENCH_SECONDS also churn, shared), BENCH_CLIENTS
-# (check), BENCH_MOVES (move, freeze), BENCH_SIZES (freeze), BENCH_TENANTS and BENCH_METHOD (drain), BENCH_ROWS and BENCH_MAX_RATE (throttle), BENCH_ENTRIES (churn, shared, replica; lookup: sizes, comma-separated),
+# Settings: BENCH_SECONDS, BENCH_ROUNDS (check, directory, replica, python; BENCH_SECONDS also churn, shared), BENCH_CLIENTS
+# (check), BENCH_MOVES (move, freeze), BENCH_SIZES (freeze), BENCH_TENANTS and BENCH_METHOD (drain), BENCH_ROWS and BENCH_MAX_RATE (throttle), BENCH_ENTRIES (churn, shared, replica; lookup: sizes, comma-separated; python: the first),
 # BENCH_INSERTS (churn, shared), BENCH_LOOKUPS (shared, replica), BENCH_INSTANCES and BENCH_CHANGES (fanout), BENCH_TRIALS (recovery).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +38,8 @@ fi
 bash scripts/setup.sh
 bash scripts/install-extension.sh --release
 cargo build -q --release -p shard-directory-bench --bins
+# The Python package, built in release into .venv, for `python`.
+(cd python && VIRTUAL_ENV=$PWD/../.venv PATH=$PWD/../.venv/bin:$PATH ../.venv/bin/maturin develop --release --quiet)
 
 results=bench/$BENCH_RESULTS/results.md
 mkdir -p "bench/$BENCH_RESULTS"
@@ -47,7 +51,7 @@ mkdir -p "bench/$BENCH_RESULTS"
   echo "Command: bash scripts/bench.sh $( [ "$BENCH_RESULTS" = results/quick ] && echo '--quick ')${*:-}"
   echo
 } > "$results"
-for bench in ${@:-check move freeze throttle drain directory churn shared replica lookup fanout poll recovery}; do
+for bench in ${@:-check move freeze throttle drain directory churn shared replica lookup fanout poll recovery python}; do
   echo "## $bench" >> "$results"
   echo >> "$results"
   "target/release/bench_$bench" | tee -a "$results"

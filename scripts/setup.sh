@@ -7,8 +7,8 @@
 # counts), curl (the demo reads each instance's
 # /debug/directory as the guide does), dpkg-dev (dpkg-shlibdeps, for scripts/package.sh), sqlsmith
 # (the random SQL generator that fuzzes the shard's check, e2e/tests/suite/shard_fuzz.rs),
-# python3-venv and a virtual environment .venv with maturin, psycopg 3, psycopg_pool and pytest
-# (the Python package, python/, and its tests), cargo-pgrx 0.18.1, and points pgrx
+# python3-venv and a virtual environment .venv with maturin, psycopg 3, psycopg_pool, pytest and
+# SQLAlchemy (the Python package, python/, its tests and its README's SQLAlchemy example), cargo-pgrx 0.18.1, and points pgrx
 # at the system PostgreSQL 15 and at PostgreSQL 16, 17 and 18 unpacked under .pg/<major>.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -75,8 +75,8 @@ if ! $registered; then
 fi
 
 # The Python package's build and test tools, in a virtual environment of the checkout's own.
-PY_TOOLS=("maturin>=1.9,<2" "psycopg[binary]>=3.2,<4" "psycopg-pool>=3.2,<4" "pytest>=8,<10")
-if ! .venv/bin/python -c 'import maturin, psycopg, psycopg_pool, pytest' 2>/dev/null; then
+PY_TOOLS=("maturin>=1.9,<2" "psycopg[binary]>=3.2,<4" "psycopg-pool>=3.2,<4" "pytest>=8,<10" "sqlalchemy>=2,<3")
+if ! .venv/bin/python -c 'import maturin, psycopg, psycopg_pool, pytest, sqlalchemy' 2>/dev/null; then
   echo "setup: a virtual environment .venv with ${PY_TOOLS[*]}"
   python3 -m venv .venv
   .venv/bin/pip install -q "${PY_TOOLS[@]}"

@@ -12,6 +12,7 @@ use shard_directory_client::{
 };
 use tokio::runtime::Runtime;
 
+use crate::entity;
 use crate::errors::{self, ConfigError};
 use crate::routing::Routing;
 use crate::wait::wait;
@@ -112,6 +113,14 @@ impl Directory {
             Some(o) => Ok(f(&o.runtime, &o.directory)),
             None => Err(ConfigError::new_err("the directory client is closed")),
         }
+    }
+
+    /// The entry when the cache answers without a round trip.
+    fn cached(&self, entity_type: &str, entity_id: &str) -> PyResult<Option<Entry>> {
+        self.with_open(|_, d| d.lookup_cached(entity_type, entity_id))?
+            .transpose()
+            .map(|e| e.map(|e| Entry::from(&e)))
+            .map_err(errors::to_py)
     }
 }
 
@@ -237,23 +246,31 @@ impl Directory {
 
     /// The entity's entry: from the cache when current (without releasing the GIL: it does not
     /// wait), else from the directory.
-    fn lookup(&self, py: Python<'_>, entity_type: &str, entity_id: &str) -> PyResult<Entry> {
-        if let Some(cached) = self.lookup_cached(entity_type, entity_id)? {
+    fn lookup(
+        &self,
+        py: Python<'_>,
+        entity_type: &Bound<'_, PyAny>,
+        entity_id: &Bound<'_, PyAny>,
+    ) -> PyResult<Entry> {
+        let (entity_type, entity_id) = entity::key(entity_type, entity_id)?;
+        if let Some(cached) = self.cached(&entity_type, &entity_id)? {
             return Ok(cached);
         }
         let (runtime, directory) = self.with_open(|r, d| (r.clone(), d.clone()))?;
-        wait(py, &runtime, directory.lookup(entity_type, entity_id))?
+        wait(py, &runtime, directory.lookup(&entity_type, &entity_id))?
             .map(|e| Entry::from(&e))
             .map_err(errors::to_py)
     }
 
     /// The entity's entry when the cache answers without a round trip; None when a lookup would
     /// read the directory (an event loop's lookup then reads it on a thread).
-    fn lookup_cached(&self, entity_type: &str, entity_id: &str) -> PyResult<Option<Entry>> {
-        self.with_open(|_, d| d.lookup_cached(entity_type, entity_id))?
-            .transpose()
-            .map(|e| e.map(|e| Entry::from(&e)))
-            .map_err(errors::to_py)
+    fn lookup_cached(
+        &self,
+        entity_type: &Bound<'_, PyAny>,
+        entity_id: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<Entry>> {
+        let (entity_type, entity_id) = entity::key(entity_type, entity_id)?;
+        self.cached(&entity_type, &entity_id)
     }
 
     /// The directory version this client knows.
@@ -321,8 +338,8 @@ impl Directory {
     #[allow(clippy::too_many_arguments)]
     fn routing(
         &self,
-        entity_type: &str,
-        entity_id: &str,
+        entity_type: &Bound<'_, PyAny>,
+        entity_id: &Bound<'_, PyAny>,
         write: bool,
         deadline: f64,
         attempt_timeout: f64,
@@ -334,7 +351,8 @@ impl Directory {
             .attempt_timeout(seconds(attempt_timeout, "attempt_timeout")?)
             .base_backoff(seconds(base_backoff, "base_backoff")?)
             .max_backoff(seconds(max_backoff, "max_backoff")?);
-        let key = EntityKey::new(entity_type, entity_id);
+        let (entity_type, entity_id) = entity::key(entity_type, entity_id)?;
+        let key = EntityKey::new(&*entity_type, &*entity_id);
         self.with_open(|runtime, directory| {
             Routing::new(
                 Arc::downgrade(runtime),

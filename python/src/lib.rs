@@ -5,12 +5,14 @@
 //!   `Entry`;
 //! - `routing`: `Routing` and `Route`, the decisions of a routed transaction whose connections
 //!   are psycopg's, and the stamp;
+//! - `entity`: an entity's type and id from what Python passes, checked once;
 //! - `errors`: the exception classes;
 //! - `wait`: the client's futures run with the GIL released, interruptible by signals.
 
 use pyo3::prelude::*;
 
 mod directory;
+mod entity;
 mod errors;
 mod routing;
 mod wait;
@@ -22,6 +24,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<routing::Routing>()?;
     m.add_class::<routing::Route>()?;
     m.add_class::<routing::Pending>()?;
+    m.add_function(wrap_pyfunction!(entity::entity, m)?)?;
     m.add_function(wrap_pyfunction!(routing::stamp_sql, m)?)?;
     m.add_function(wrap_pyfunction!(routing::refusal_reason, m)?)?;
     errors::register(m)?;

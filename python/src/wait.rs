@@ -1,10 +1,13 @@
 //! Waiting on the client: its futures run on the directory's runtime with the GIL released, and
 //! a signal (Ctrl-C's KeyboardInterrupt, an alarm) raised meanwhile ends the wait as it would a
 //! Python `sleep`: the future is dropped (a query in flight is cancelled with its connection).
+//! A future that is ready at once (a cached route, a cached entry) is answered on the caller's
+//! thread with the GIL held: no thread handoff, no timer.
 
 use std::future::Future;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use pyo3::prelude::*;
 use tokio::runtime::Runtime;
 
@@ -17,12 +20,19 @@ pub fn wait<T: Send>(
     runtime: &Runtime,
     future: impl Future<Output = T> + Send,
 ) -> PyResult<T> {
+    let mut future = std::pin::pin!(future);
+    {
+        // In the runtime's context: a first poll may start a timer or a query.
+        let _context = runtime.enter();
+        if let Some(done) = future.as_mut().now_or_never() {
+            return Ok(done);
+        }
+    }
     py.detach(|| {
         runtime.block_on(async {
-            tokio::pin!(future);
             loop {
                 tokio::select! {
-                    done = &mut future => return Ok(done),
+                    done = future.as_mut() => return Ok(done),
                     _ = tokio::time::sleep(SIGNALS_EVERY) => {
                         Python::attach(|py| py.check_signals())?;
                     }

@@ -47,6 +47,21 @@ class Fleet:
         )
         return self.sql("directory", "SELECT shard_directory.current_version()")[0][0]
 
+    def cut_over(self, tenant: str) -> int:
+        """Moves ``tenant`` from shard_1 to shard_2 in the directory, and fences it moved on
+        shard_1, as a cutover does (no rows copied); the cutover's version."""
+        self.sql("directory", "SELECT shard_directory.begin_move('tenant', %s, 'shard_2')", (tenant,))
+        self.sql("directory", "SELECT shard_directory.freeze('tenant', %s)", (tenant,))
+        version = self.sql(
+            "directory", "SELECT shard_directory.complete_move('tenant', %s)", (tenant,)
+        )[0][0]
+        self.sql(
+            "shard_1",
+            "SELECT shard_directory.fence_moved('tenant', %s, 'shard_2', %s)",
+            (tenant, version),
+        )
+        return version
+
     def orders(self, shard: str, tenant: str) -> list[str]:
         rows = self.sql(shard, "SELECT item FROM orders WHERE tenant_id = %s ORDER BY item", (tenant,))
         return [r[0] for r in rows]

@@ -114,16 +114,7 @@ def test_a_stale_route_is_refused_by_the_shard_and_rerun_where_the_directory_say
     with ShardDirectory(fleet.directory, listen=False, poll_interval=3600.0) as deaf:
         with Router(deaf, fleet.shards) as router:
             assert deaf.lookup("tenant", tenant).shard_name == "shard_1"
-            fleet.sql("directory", "SELECT shard_directory.begin_move('tenant', %s, 'shard_2')", (tenant,))
-            fleet.sql("directory", "SELECT shard_directory.freeze('tenant', %s)", (tenant,))
-            version = fleet.sql(
-                "directory", "SELECT shard_directory.complete_move('tenant', %s)", (tenant,)
-            )[0][0]
-            fleet.sql(
-                "shard_1",
-                "SELECT shard_directory.fence_moved('tenant', %s, 'shard_2', %s)",
-                (tenant, version),
-            )
+            fleet.cut_over(tenant)
             runs = []
 
             def order(conn: psycopg.Connection) -> None:

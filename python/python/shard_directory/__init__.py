@@ -31,12 +31,15 @@ from ._native import (
     UnknownEntity,
     UnknownShard,
 )
+from .attempts import Attempt, Attempts
 from .directory import AsyncShardDirectory, ShardDirectory
 from .router import AsyncRouter, Reads, Router
 
 __all__ = [
     "Aborted",
     "AsyncRouter",
+    "Attempt",
+    "Attempts",
     "AsyncShardDirectory",
     "ConfigError",
     "DirectoryBehind",

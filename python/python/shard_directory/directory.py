@@ -5,23 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Collection
 from typing import Any
 
 from . import _native
+from .attempts import Attempts, policy
 
 
-def entity(entity_type: object, entity_id: object) -> tuple[str, str]:
-    """An entity's type and id as the directory keys them: the id a str or an int (``8842`` is
-    ``"8842"``), neither holding NUL; ``TypeError`` or ``ValueError`` otherwise, before anything is
-    asked of the directory."""
-    if not isinstance(entity_type, str):
-        raise TypeError(f"entity_type must be a str, not {type(entity_type).__name__}")
-    if isinstance(entity_id, bool) or not isinstance(entity_id, (str, int)):
-        raise TypeError(f"entity_id must be a str or an int, not {type(entity_id).__name__}")
-    entity_id = str(entity_id)
-    if "\0" in entity_type or "\0" in entity_id:
-        raise ValueError("an entity's type and id cannot contain NUL")
-    return entity_type, entity_id
+# An entity's type and id as the directory keys them: the id a str or an int (``8842`` is
+# ``"8842"``), neither holding NUL; ``TypeError`` or ``ValueError`` otherwise, before anything is
+# asked of the directory. Checked natively, as every native call that takes an entity does.
+entity = _native.entity
 
 
 class _Directory:
@@ -83,12 +77,43 @@ class ShardDirectory(_Directory):
     def __init__(self, conninfo: str, **settings: Any) -> None:
         self._native = _native.Directory(conninfo, **settings)
 
-    def lookup(self, entity_type: str, entity_id: str) -> _native.Entry:
+    def lookup(self, entity_type: str, entity_id: str | int) -> _native.Entry:
         """The entity's entry: from the cache while it is current, else read from the directory.
 
         Raises ``UnknownEntity``, and while the directory is unreachable ``DirectoryUnavailable``
         or ``FailClosed`` as the policy decides."""
-        return self._native.lookup(*entity(entity_type, entity_id))
+        return self._native.lookup(entity_type, entity_id)
+
+    def attempts(
+        self,
+        entity_type: str,
+        entity_id: str | int,
+        *,
+        read_only: bool = False,
+        checked: bool = True,
+        shards: Collection[str] | None = None,
+        deadline: float = 15.0,
+        attempt_timeout: float = 15.0,
+        base_backoff: float = 0.01,
+        max_backoff: float = 0.5,
+    ) -> Attempts:
+        """The attempts of one routed transaction run on the application's own connections
+        (SQLAlchemy sessions, Django connections): for each, open a transaction on
+        ``attempt.shard``, execute ``attempt.stamp`` first in it, and do the work inside
+        ``with attempt:``. A refusal (40001) raised in the block is learned from and the loop
+        goes on to the next attempt (a write to a frozen entity waits before it); the loop ends
+        after the first attempt whose block ends without an error. ``Rejected`` when the core
+        gives up; any other error is raised as it is. ``shards``: the shards the application
+        reaches (a refusal's ``moved_to`` elsewhere is asked of the directory); None: all.
+        The policy is ``Router``'s."""
+        return Attempts(
+            self._native,
+            entity(entity_type, entity_id),
+            read_only=read_only,
+            checked=checked,
+            shards=shards,
+            policy=policy(deadline, attempt_timeout, base_backoff, max_backoff),
+        )
 
     def refresh(self) -> int:
         """Reads what changed in the directory now; returns the version."""
@@ -131,13 +156,12 @@ class AsyncShardDirectory(_Directory):
     async def connect(cls, conninfo: str, **settings: Any) -> AsyncShardDirectory:
         return cls(await asyncio.to_thread(_native.Directory, conninfo, **settings))
 
-    async def lookup(self, entity_type: str, entity_id: str) -> _native.Entry:
+    async def lookup(self, entity_type: str, entity_id: str | int) -> _native.Entry:
         """As ``ShardDirectory.lookup``."""
-        key = entity(entity_type, entity_id)
-        cached = self._native.lookup_cached(*key)
+        cached = self._native.lookup_cached(entity_type, entity_id)
         if cached is not None:
             return cached
-        return await asyncio.to_thread(self._native.lookup, *key)
+        return await asyncio.to_thread(self._native.lookup, entity_type, entity_id)
 
     async def refresh(self) -> int:
         return await asyncio.to_thread(self._native.refresh)

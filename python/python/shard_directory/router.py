@@ -22,12 +22,16 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTimeout
 
 from . import _native
+from .attempts import STAMP, policy as _retry_policy
+from ._refusals import error as _error, refusal as _refusal, rejected as _rejected
 from .directory import AsyncShardDirectory, ShardDirectory, entity as _entity
 
 T = TypeVar("T")
 
-# The stamp, by what it checks: a write's, a read's (a frozen entity passes), none.
-_STAMP = {check: _native.stamp_sql(check) for check in ("write", "read", "unchecked")}
+# BEGIN and the stamp are sent together, in one round trip (psycopg's pipeline mode, libpq 14 or
+# later): a routed transaction then costs the round trips of a plain one. The block itself runs
+# outside the pipeline, each statement answered as the application expects.
+_PIPELINE = psycopg.Pipeline.is_supported()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,14 +53,6 @@ class Reads(Generic[T]):
         if self.both:
             return combine(self.source, self.target)  # type: ignore[arg-type]
         return self.source
-
-
-def _error(cls: type[Exception], message: str, **attrs: object) -> Exception:
-    """An exception of the package's, with its attributes (``retryable`` among them)."""
-    e = cls(message)
-    for name, value in attrs.items():
-        setattr(e, name, value)
-    return e
 
 
 class _Dead(Exception):
@@ -193,31 +189,6 @@ class _Routes:
             retryable=True,
         )
 
-    @staticmethod
-    def _refusal(e: psycopg.Error) -> tuple[str, str | None] | None:
-        """The SQLSTATE and DETAIL of ``e`` when it is a refusal (40001)."""
-        if e.sqlstate != "40001":
-            return None
-        return e.sqlstate, e.diag.message_detail
-
-    @staticmethod
-    def _rejected(route: _native.Route, e: psycopg.Error, entity: tuple[str, str]) -> Exception:
-        """The refusal ``e`` the core gave up on, as ``Rejected``."""
-        reason = _native.refusal_reason(e.sqlstate or "", e.diag.message_detail)
-        rejected = _error(
-            _native.Rejected,
-            f"{entity[0]}/{entity[1]}: shard refused the transaction {route.attempt} times, "
-            f"last as {reason} ({e.diag.message_primary})",
-            entity_type=entity[0],
-            entity_id=entity[1],
-            shard=route.entry.shard_name,
-            reason=reason,
-            attempts=route.attempt,
-            retryable=True,
-        )
-        rejected.__cause__ = e
-        return rejected
-
     def _take_pools(self) -> list[Any]:
         with self._lock:
             self._closed = True
@@ -225,18 +196,13 @@ class _Routes:
         return pools
 
 
-def _policy(deadline: float, attempt_timeout: float, base_backoff: float, max_backoff: float):
-    return {
-        "deadline": deadline,
-        "attempt_timeout": attempt_timeout,
-        "base_backoff": base_backoff,
-        "max_backoff": max_backoff,
-    }
-
-
 def _begin(conn: Any, read_only: bool, isolation: IsolationLevel | None) -> None:
-    conn.read_only = read_only
-    conn.isolation_level = isolation
+    """How the next transaction on ``conn`` begins (set only when it changes: psycopg then
+    rebuilds its BEGIN)."""
+    if conn.read_only != read_only:
+        conn.read_only = read_only
+    if conn.isolation_level != isolation:
+        conn.isolation_level = isolation
 
 
 async def _soon(start: Callable[[Callable[[bool, Any], None]], _native.Pending]) -> Any:
@@ -303,7 +269,7 @@ class Router(_Routes):
         max_backoff: float = 0.5,
     ) -> None:
         self.directory = directory
-        policy = _policy(deadline, attempt_timeout, base_backoff, max_backoff)
+        policy = _retry_policy(deadline, attempt_timeout, base_backoff, max_backoff)
         super().__init__(shards, learn_shards, pool_size, connect_timeout, prepare, policy)
 
     def _new_pool(self, name: str, conninfo: str) -> ConnectionPool:
@@ -340,13 +306,16 @@ class Router(_Routes):
             stamped = False
             try:
                 _begin(conn, read_only, isolation)
-                with conn.transaction():
-                    conn.execute(_STAMP[check], route.stamp_params)
-                    stamped = True
-                    yield conn
-                    # An error the caller caught aborted it: COMMIT would roll it back, silently.
-                    if conn.info.transaction_status == TransactionStatus.INERROR:
-                        raise _aborted(entity, shard)
+                tx = psycopg.Transaction(conn)
+                with conn.pipeline() if _PIPELINE else contextlib.nullcontext():
+                    tx.__enter__()
+                    stack.push(tx)  # committed (or rolled back) before the pool has it back
+                    conn.execute(STAMP[check], route.stamp_params)
+                stamped = True
+                yield conn
+                # An error the caller caught aborted it: COMMIT would roll it back, silently.
+                if conn.info.transaction_status == TransactionStatus.INERROR:
+                    raise _aborted(entity, shard)
             except psycopg.OperationalError as e:
                 if not stamped and conn.broken:
                     raise _Dead() from e
@@ -358,11 +327,11 @@ class Router(_Routes):
         """Returns when ``e`` is a refusal worth re-running the transaction for (repaired, and
         the backoff waited, by the core); raises ``e`` when it is not a refusal, ``Rejected``
         when the core gives up on it."""
-        refusal = self._refusal(e)
+        refusal = _refusal(e)
         if refusal is None:
             raise e
         if not routing.refused(route, *refusal, self._can_route_to):
-            raise self._rejected(route, e, entity)
+            raise _rejected(route, e, entity)
 
     def run(
         self,
@@ -463,7 +432,7 @@ class Router(_Routes):
             except _Dead:
                 continue
             except psycopg.Error as e:
-                refusal = self._refusal(e)
+                refusal = _refusal(e)
                 if not began:
                     self._again(routing, route, e, entity)
                     continue
@@ -503,7 +472,7 @@ class AsyncRouter(_Routes):
         max_backoff: float = 0.5,
     ) -> None:
         self.directory = directory
-        policy = _policy(deadline, attempt_timeout, base_backoff, max_backoff)
+        policy = _retry_policy(deadline, attempt_timeout, base_backoff, max_backoff)
         super().__init__(shards, learn_shards, pool_size, connect_timeout, prepare, policy)
 
     def _new_pool(self, name: str, conninfo: str) -> AsyncConnectionPool:
@@ -549,14 +518,19 @@ class AsyncRouter(_Routes):
             stack.push_async_exit(conn_cm)
             stamped = False
             try:
-                await conn.set_read_only(read_only)
-                await conn.set_isolation_level(isolation)
-                async with conn.transaction():
-                    await conn.execute(_STAMP[check], route.stamp_params)
-                    stamped = True
-                    yield conn
-                    if conn.info.transaction_status == TransactionStatus.INERROR:
-                        raise _aborted(entity, shard)
+                if conn.read_only != read_only:
+                    await conn.set_read_only(read_only)
+                if conn.isolation_level != isolation:
+                    await conn.set_isolation_level(isolation)
+                tx = psycopg.AsyncTransaction(conn)
+                async with conn.pipeline() if _PIPELINE else contextlib.nullcontext():
+                    await tx.__aenter__()
+                    stack.push_async_exit(tx)
+                    await conn.execute(STAMP[check], route.stamp_params)
+                stamped = True
+                yield conn
+                if conn.info.transaction_status == TransactionStatus.INERROR:
+                    raise _aborted(entity, shard)
             except psycopg.OperationalError as e:
                 if not stamped and conn.broken:
                     raise _Dead() from e
@@ -565,14 +539,14 @@ class AsyncRouter(_Routes):
     async def _again(
         self, routing: _native.Routing, route: _native.Route, e: psycopg.Error, entity: tuple[str, str]
     ) -> None:
-        refusal = self._refusal(e)
+        refusal = _refusal(e)
         if refusal is None:
             raise e
         again = await _soon(
             lambda done: routing.refused_soon(route, *refusal, self._can_route_to, done)
         )
         if not again:
-            raise self._rejected(route, e, entity)
+            raise _rejected(route, e, entity)
 
     async def run(
         self,
@@ -658,7 +632,7 @@ class AsyncRouter(_Routes):
             except _Dead:
                 continue
             except psycopg.Error as e:
-                refusal = self._refusal(e)
+                refusal = _refusal(e)
                 if not began:
                     await self._again(routing, route, e, entity)
                     continue

@@ -1,0 +1,42 @@
+"""What a shard's refusal (SQLSTATE 40001) is, and the package's exceptions made with their
+attributes: shared by the routers and by ``attempts`` (a transaction on the caller's own
+connection)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _native
+
+
+def error(cls: type[Exception], message: str, **attrs: object) -> Exception:
+    """An exception of the package's, with its attributes (``retryable`` among them)."""
+    e = cls(message)
+    for name, value in attrs.items():
+        setattr(e, name, value)
+    return e
+
+
+def refusal(e: Any) -> tuple[str, str | None] | None:
+    """The SQLSTATE and DETAIL of a psycopg error ``e`` when it is a refusal (40001)."""
+    if getattr(e, "sqlstate", None) != "40001":
+        return None
+    return e.sqlstate, e.diag.message_detail
+
+
+def rejected(route: _native.Route, e: Any, entity: tuple[str, str]) -> Exception:
+    """The refusal ``e`` the core gave up on, as ``Rejected``."""
+    reason = _native.refusal_reason(e.sqlstate or "", e.diag.message_detail)
+    r = error(
+        _native.Rejected,
+        f"{entity[0]}/{entity[1]}: shard refused the transaction {route.attempt} times, "
+        f"last as {reason} ({e.diag.message_primary})",
+        entity_type=entity[0],
+        entity_id=entity[1],
+        shard=route.entry.shard_name,
+        reason=reason,
+        attempts=route.attempt,
+        retryable=True,
+    )
+    r.__cause__ = e
+    return r
