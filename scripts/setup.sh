@@ -7,6 +7,7 @@
 # counts), curl (the demo reads each instance's
 # /debug/directory as the guide does), dpkg-dev (dpkg-shlibdeps, for scripts/package.sh), sqlsmith
 # (the random SQL generator that fuzzes the shard's check, e2e/tests/suite/shard_fuzz.rs),
+# chromium and chromium-driver (the console's test in a headless browser, e2e/tests/suite/console.rs),
 # python3-venv and a virtual environment .venv with maturin, psycopg 3, psycopg_pool, pytest and
 # SQLAlchemy (the Python package, python/, its tests and its README's SQLAlchemy example), cargo-pgrx 0.18.1, and points pgrx
 # at the system PostgreSQL 15 and at PostgreSQL 16, 17 and 18 unpacked under .pg/<major>.
@@ -17,7 +18,7 @@ PGRX_VERSION=0.18.1
 PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 PACKAGES=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo redis-server pgbouncer
   pkg-config libssl-dev openssl fonts-dejavu-core valgrind curl python3-pip python3-venv dpkg-dev
-  sqlsmith)
+  sqlsmith chromium chromium-driver)
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 

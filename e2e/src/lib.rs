@@ -8,6 +8,7 @@
 //! - `workload`: the application's writes and reads, and the audit of every acknowledged one;
 //!   `wide`: the wider proof's schema and writes;
 //! - `mover_cli`: the `shard-directory` CLI as an operator runs it (and kills it);
+//!   `console`: its web console, read as a browser reads it;
 //!   `observe`: observers that act on a move at a phase;
 //! - `proxy`, `pgbouncer`, `redis`: what stands between a client and a cluster, or beside it;
 //!   `prometheus`: a sample of the exporter's text;
@@ -24,6 +25,7 @@
 
 mod cluster;
 mod column;
+pub mod console;
 pub mod fuzz;
 pub mod history;
 pub mod mover_cli;

@@ -649,6 +649,18 @@ impl Mover {
             .await
     }
 
+    /// [`Mover::list`] on a directory session the caller holds (the console reads every
+    /// change on its one session).
+    pub async fn list_on(
+        directory: &Client,
+        open_only: bool,
+        since: Option<&str>,
+    ) -> Result<Vec<MoveRecord>, Error> {
+        record::list(directory, open_only, since)
+            .await
+            .at(Step::Record, Place::Directory)
+    }
+
     /// Every entity with rows on `shard` (of `entity_type`, or of any type protected there)
     /// whose directory entry names another shard, or that has no entry. Reads every protected
     /// table of the shard whole.

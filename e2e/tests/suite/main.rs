@@ -7,6 +7,7 @@ mod client_bounds;
 mod client_faults;
 mod client_invalidation;
 mod client_routing;
+mod console;
 mod directory;
 mod drills;
 mod dump;

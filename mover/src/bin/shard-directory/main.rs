@@ -9,6 +9,7 @@
 //! aborted (the entity writable on its source again), after it the move is finished.
 
 mod cleanup;
+mod console;
 mod inspect;
 mod many;
 mod moves;
@@ -258,6 +259,8 @@ enum Command {
     /// Republish the directory's changes to the clients through Redis pub/sub, sealed with a
     /// shared key, from one directory session; runs until stopped.
     Relay(relay::RelayArgs),
+    /// Serve a web console: the fleet, its tenants and every move, live (read-only).
+    Console(console::ConsoleArgs),
     /// Delete the rows a finished `move --keep-source` left on its source.
     PurgeSource { move_id: i64 },
     /// Reconcile without moving (exit 5 when something is found).
@@ -430,6 +433,7 @@ async fn run(cli: Cli) -> Result<(), Outcome> {
             .await
         }
         Command::Relay(args) => relay::relay(directory, args).await,
+        Command::Console(args) => console::console(mover, directory, args).await,
         Command::Cleanup => cleanup::cleanup(&mover, print).await,
     }
 }

@@ -116,7 +116,7 @@ fn report(result: Result<MoveRecord, Failure>, print: Print) -> Result<(), Outco
 }
 
 /// Resolves when the process is asked to stop (SIGINT, SIGTERM).
-async fn interrupted() {
+pub(crate) async fn interrupted() {
     use tokio::signal::unix::{signal, SignalKind};
     let (mut int, mut term) = match (
         signal(SignalKind::interrupt()),

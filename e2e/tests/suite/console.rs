@@ -1,0 +1,314 @@
+//! `shard-directory console`: the fleet, a tenant and the moves, read over HTTP as a browser
+//! reads them, behind a base path; a move walking through its phases on the live list while a
+//! writer writes; a hundred watchers costing the directory one session.
+
+use std::time::Duration;
+
+use shard_directory_e2e::console::Console;
+use shard_directory_e2e::prometheus::sample;
+use shard_directory_e2e::Topology;
+use shard_directory_mover::{EntityKey, MoveOptions, Phase};
+
+/// The phase of move `id` in a moves list, if it is there.
+fn phase_of(html: &str, id: i64) -> Option<String> {
+    let marker = format!("data-move=\"{id}\" data-phase=\"");
+    let at = html.find(&marker)? + marker.len();
+    Some(html[at..].split('"').next()?.to_owned())
+}
+
+/// Moves `id` to shard_2 (logical) with `options`, through the library the CLI uses; the move's
+/// id.
+async fn move_to_shard_2(t: &Topology, id: &str, options: MoveOptions) -> i64 {
+    let done = t
+        .mover(options)
+        .start(&EntityKey::new("tenant", id), "shard_2")
+        .await
+        .unwrap_or_else(|e| panic!("move {id}: {e}"));
+    done.move_id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_shows_the_fleet_a_tenant_and_a_move_walking_through_its_phases_live() {
+    let t = Topology::start("console").await;
+    t.add_tenant("c1", "shard_1").await;
+    t.add_tenant("c2", "shard_2").await;
+    t.seed_orders("shard_1", "c1", 500, 2).await;
+    let console = Console::start(&t, "/console", &[]).await;
+
+    let fleet = console.get("/").await;
+    assert_eq!(fleet.status, 200, "{}", fleet.body);
+    assert!(
+        fleet
+            .body
+            .contains("<td>shard_1</td><td></td><td class=\"n\">1</td><td class=\"n\">1500</td>"),
+        "{}",
+        fleet.body
+    );
+    assert!(
+        fleet.body.contains("href=\"/console/moves\""),
+        "links under the base path"
+    );
+    let by_rows = console.get("/?by=rows").await;
+    assert!(by_rows.body.contains("balance by rows"), "{}", by_rows.body);
+    assert_eq!(console.get("/?by=weight").await.status, 400);
+    let home = console.get_with("", &[]).await;
+    assert_eq!(
+        home.status, 308,
+        "the base path alone redirects to its page"
+    );
+
+    // A move under a writer, watched live.
+    let mut watcher = console.watch().await;
+    let (first, _) = watcher.next().await.expect("the list at once");
+    assert_eq!(first, "moves");
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let writer = async { t.keep_ordering("c1", stopped).await };
+    let mover = async {
+        let move_id = move_to_shard_2(&t, "c1", MoveOptions::default()).await;
+        stop.send(true).unwrap();
+        move_id
+    };
+    let watched = watcher.until(Duration::from_secs(120), |html| {
+        html.contains("data-phase=\"done\"")
+    });
+    let (move_id, acked, seen) = tokio::join!(mover, writer, watched);
+    assert!(acked > 0, "the writer wrote");
+    // The phases the page was shown, in the order of a logical move, ending done.
+    let shown: Vec<String> = seen.iter().filter_map(|h| phase_of(h, move_id)).collect();
+    let order = shard_directory_mover::Method::Logical.phases();
+    let mut at = 0;
+    for phase in &shown {
+        // A phase shown again (its progress changed) is in order too.
+        at += order[at..]
+            .iter()
+            .position(|p| p.as_str() == phase)
+            .unwrap_or_else(|| panic!("{phase} out of order in {shown:?}"));
+    }
+    assert_eq!(shown.last().map(String::as_str), Some(Phase::Done.as_str()));
+    assert!(
+        shown.len() >= 3,
+        "the page walked through the phases: {shown:?}"
+    );
+
+    let tenant = console.get("/tenants/tenant/c1").await;
+    assert_eq!(tenant.status, 200);
+    assert!(
+        tenant.body.contains("On <strong>shard_2</strong>, active"),
+        "{}",
+        tenant.body
+    );
+    assert!(
+        tenant
+            .body
+            .contains(&format!("href=\"/console/moves/{move_id}\"")),
+        "{}",
+        tenant.body
+    );
+    let before = console.get("/tenants/tenant/c1?at=2000-01-01").await;
+    assert!(
+        before.body.contains("At 2000-01-01: no entry"),
+        "{}",
+        before.body
+    );
+    let detail = console.get(&format!("/moves/{move_id}")).await;
+    assert_eq!(detail.status, 200);
+    // The seed's lines (the writer writes orders alone), each copied.
+    let lines = "public.order_lines</td><td class=\"n\">1000</td><td class=\"n\">1000</td>";
+    assert!(detail.body.contains(lines), "{}", detail.body);
+    assert_eq!(console.get("/moves/999999").await.status, 404);
+    let found = console
+        .get("/tenant?entity_type=tenant&entity_id=c%2F1")
+        .await;
+    assert_eq!(found.status, 303);
+    assert!(
+        found
+            .headers
+            .contains("location: /console/tenants/tenant/c%2F1"),
+        "{}",
+        found.headers
+    );
+    let metrics = console.metrics().await;
+    assert_eq!(sample(&metrics, "shard_directory_console_listening"), 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_watchers_cost_the_directory_one_session_and_each_sees_the_move() {
+    let t = Topology::start("console-watchers").await;
+    t.add_tenant("w1", "shard_1").await;
+    let console = Console::start(&t, "", &[]).await;
+    let mut watchers = Vec::new();
+    for _ in 0..100 {
+        let mut w = console.watch().await;
+        w.next().await.expect("the list at once");
+        watchers.push(w);
+    }
+    let metrics = console.metrics().await;
+    assert_eq!(sample(&metrics, "shard_directory_console_watchers"), 100.0);
+    let sessions: i64 = t
+        .dba()
+        .await
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+            &[&"shard-directory console"],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(sessions, 1, "one directory session for a hundred watchers");
+    let move_id = move_to_shard_2(&t, "w1", MoveOptions::default()).await;
+    for w in &mut watchers {
+        w.until(Duration::from_secs(60), |html| {
+            phase_of(html, move_id).as_deref() == Some("done")
+        })
+        .await;
+    }
+    drop(watchers);
+    shard_directory_e2e::eventually(
+        "the watchers to be gone",
+        Duration::from_secs(10),
+        || async {
+            let text = console.metrics().await;
+            (sample(&text, "shard_directory_console_watchers") == 0.0).then_some(())
+        },
+    )
+    .await;
+}
+
+/// Headless Chromium driven through chromedriver (WebDriver), both stopped on drop.
+struct Browser {
+    client: fantoccini::Client,
+    _driver: tokio::process::Child,
+}
+
+impl Browser {
+    async fn start() -> Browser {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let driver = tokio::process::Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("chromedriver (scripts/setup.sh installs chromium-driver)");
+        let mut capabilities = serde_json::Map::new();
+        capabilities.insert(
+            "goog:chromeOptions".into(),
+            serde_json::json!({
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                         "--disable-dev-shm-usage", "--window-size=1200,700"]
+            }),
+        );
+        let url = format!("http://127.0.0.1:{port}");
+        let client = shard_directory_e2e::eventually(
+            "chromedriver to answer",
+            Duration::from_secs(30),
+            || {
+                let (url, capabilities) = (url.clone(), capabilities.clone());
+                async move {
+                    fantoccini::ClientBuilder::native()
+                        .capabilities(capabilities)
+                        .connect(&url)
+                        .await
+                        .ok()
+                }
+            },
+        )
+        .await;
+        Browser {
+            client,
+            _driver: driver,
+        }
+    }
+
+    /// A screenshot of the page into `$SD_CONSOLE_SCREENSHOTS/<name>.png`, when that is set
+    /// (how docs/console/ was made).
+    async fn screenshot(&self, name: &str) {
+        if let Some(dir) = std::env::var_os("SD_CONSOLE_SCREENSHOTS") {
+            let png = self.client.screenshot().await.expect("a screenshot");
+            let path = std::path::Path::new(&dir).join(format!("{name}.png"));
+            std::fs::write(&path, png).expect("write the screenshot");
+        }
+    }
+}
+
+/// In a real browser: the moves page, loaded once, shows the move appear and walk to `done`
+/// (the page is not reloaded: a mark left on it stays), and times in the browser's zone with
+/// UTC on hover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_sees_a_move_walk_through_its_phases_without_reloading() {
+    use fantoccini::Locator;
+
+    let t = Topology::start("console-browser").await;
+    for (id, shard, orders) in [
+        ("b1", "shard_1", 2000),
+        ("b2", "shard_1", 300),
+        ("b3", "shard_2", 800),
+    ] {
+        t.add_tenant(id, shard).await;
+        t.seed_orders(shard, id, orders, 2).await;
+    }
+    let console = Console::start(&t, "/console", &[]).await;
+    let browser = Browser::start().await;
+    let c = &browser.client;
+    let home = format!("http://{}/console/", console.addr);
+    c.goto(&home).await.unwrap();
+    let shards = c.find_all(Locator::Css("#shards tbody tr")).await.unwrap();
+    assert_eq!(shards.len(), 2, "a row per shard");
+    browser.screenshot("fleet").await;
+
+    c.goto(&format!("{home}moves")).await.unwrap();
+    c.execute("window.kept = 'mark'; return null", vec![])
+        .await
+        .unwrap();
+    // The first event (the list as it is) arrived: the stream is open.
+    c.wait()
+        .at_most(Duration::from_secs(30))
+        .for_element(Locator::Css("#moves[data-updated]"))
+        .await
+        .expect("the page hears the console's events");
+    // Paced (6,000 rows at 2,000 a second), so that the copy is seen under way.
+    let paced = MoveOptions {
+        max_rate: Some(2000),
+        ..Default::default()
+    };
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let writer = async { t.keep_ordering("b1", stopped).await };
+    let mover = async {
+        let move_id = move_to_shard_2(&t, "b1", paced).await;
+        stop.send(true).unwrap();
+        move_id
+    };
+    let watched = async {
+        c.wait()
+            .at_most(Duration::from_secs(30))
+            .for_element(Locator::Css(
+                "tr[data-move][data-phase='copying'] progress:not([value='0'])",
+            ))
+            .await
+            .expect("the move is seen copying, its progress growing");
+        browser.screenshot("moves").await;
+        let done = "tr[data-move][data-phase='done']";
+        c.wait()
+            .at_most(Duration::from_secs(60))
+            .for_element(Locator::Css(done))
+            .await
+            .expect("the move reaches done on the page");
+    };
+    let (move_id, acked, ()) = tokio::join!(mover, writer, watched);
+    assert!(acked > 0, "the writer wrote");
+    let done = format!("tr[data-move='{move_id}'][data-phase='done']");
+    let kept = c.execute("return window.kept", vec![]).await.unwrap();
+    assert_eq!(kept, serde_json::json!("mark"), "the page was not reloaded");
+    let started = c.find(Locator::Css(&format!("{done} time"))).await.unwrap();
+    let utc = started.attr("title").await.unwrap().expect("UTC on hover");
+    assert!(utc.ends_with('Z'), "{utc}");
+    let shown = started.text().await.unwrap();
+    assert_ne!(
+        shown, utc,
+        "the time in the browser's zone, not the server's text"
+    );
+    browser.client.clone().close().await.unwrap();
+}

@@ -1,0 +1,302 @@
+//! `console`: a web console over the directory, read-only. It shows the fleet (each shard's
+//! entities, rows, bytes and load, drawn as bars), each move live (its phase, progress per table,
+//! rate and ETA, pushed to the page as server-sent events), and a tenant's place and history
+//! ("where was it in March"). Each page reads through the same library calls as the CLI
+//! commands. A GET changes nothing.
+//!
+//! - `live`: the one directory session (LISTEN and the moves' reads), shared by every watcher;
+//! - `pages`: the HTML, rendered on the server, with `console.css` and `console.js` embedded.
+
+mod live;
+mod pages;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{MatchedPath, Path, Query, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::get;
+use axum::Router;
+use futures_util::Stream;
+use maud::Markup;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use serde::Deserialize;
+use shard_directory_mover::{with_password, Error, Mover, Weigh};
+use shard_directory_protocol::EntityKey;
+
+use crate::output::Outcome;
+use live::Live;
+
+#[derive(clap::Args)]
+pub struct ConsoleArgs {
+    /// Where to serve the console (address:port; port 0 picks a free one, printed).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// The path the console is served under, behind a reverse proxy (e.g. /console).
+    #[arg(long, default_value = "", value_parser = base_path)]
+    base_path: String,
+}
+
+fn base_path(s: &str) -> Result<String, String> {
+    let trimmed = s.trim_end_matches('/');
+    if trimmed.is_empty() {
+        return Ok(String::new());
+    }
+    if !trimmed.starts_with('/') || trimmed.contains(['?', '#', '{', '}', '*']) {
+        return Err(format!("{s}: a path such as /console"));
+    }
+    Ok(trimmed.to_owned())
+}
+
+struct Console {
+    mover: Mover,
+    live: Live,
+    base: String,
+    metrics: PrometheusHandle,
+}
+
+type Shared = State<Arc<Console>>;
+
+/// Serves the console until the process is asked to stop.
+pub async fn console(
+    mover: Mover,
+    directory: tokio_postgres::Config,
+    args: ConsoleArgs,
+) -> Result<(), Outcome> {
+    let metrics = PrometheusBuilder::new().install_recorder().map_err(|e| {
+        Outcome::Usage(format!(
+            "the console serves its own /metrics (drop --metrics-addr): {e}"
+        ))
+    })?;
+    let base = args.base_path;
+    let console = Arc::new(Console {
+        mover,
+        live: Live::start(with_password(directory)),
+        base: base.clone(),
+        metrics,
+    });
+    let at = |path: &str| format!("{base}{path}");
+    let mut routes = Router::new()
+        .route(&at("/"), get(fleet))
+        .route(&at("/moves"), get(moves))
+        .route(&at("/moves/{move_id}"), get(move_detail))
+        .route(&at("/tenant"), get(find_tenant))
+        .route(&at("/tenants/{entity_type}/{entity_id}"), get(tenant))
+        .route(&at("/events"), get(events))
+        .route(&at("/metrics"), get(prometheus))
+        .route(&at("/assets/console.css"), get(css))
+        .route(&at("/assets/console.js"), get(js));
+    if !base.is_empty() {
+        let home = at("/");
+        routes = routes.route(
+            &base,
+            get(move || async move { Redirect::permanent(&home) }),
+        );
+    }
+    let app = routes
+        .layer(middleware::from_fn(counted))
+        .with_state(console);
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| Outcome::Usage(format!("--listen {}: {e}", args.listen)))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| Outcome::Failed(1, format!("console: {e}")))?;
+    // One line on stdout, for scripts (and the tests) that picked port 0.
+    println!("console: http://{bound}{base}/");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(crate::moves::interrupted())
+        .await
+        .map_err(|e| Outcome::Failed(1, format!("console: {e}")))
+}
+
+/// Counts each request by its route.
+async fn counted(path: Option<MatchedPath>, request: Request, next: Next) -> Response {
+    let route = path.map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let response = next.run(request).await;
+    let status = response.status().as_u16().to_string();
+    metrics::counter!("shard_directory_console_requests_total", "route" => route, "status" => status)
+        .increment(1);
+    response
+}
+
+/// A page, or an error page with the status that says why.
+fn answer(c: &Console, title: &str, made: Result<Markup, Error>) -> Response {
+    match made {
+        Ok(body) => pages::page(&c.base, title, body).into_response(),
+        Err(e) => {
+            let status = match e {
+                Error::UnknownMove(_) => StatusCode::NOT_FOUND,
+                Error::Config(_) => StatusCode::BAD_REQUEST,
+                _ => StatusCode::BAD_GATEWAY,
+            };
+            (status, pages::error(&c.base, title, &e.to_string())).into_response()
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct FleetQuery {
+    by: Option<String>,
+}
+
+async fn fleet(State(c): Shared, Query(q): Query<FleetQuery>) -> Response {
+    let by = match q.by.as_deref() {
+        None | Some("bytes") => Weigh::Bytes,
+        Some("rows") => Weigh::Rows,
+        Some("load") => Weigh::Load,
+        Some(other) => {
+            let message = format!("by={other}: bytes, rows or load");
+            return (
+                StatusCode::BAD_REQUEST,
+                pages::error(&c.base, "Fleet", &message),
+            )
+                .into_response();
+        }
+    };
+    // A shard of extension 0.1.0 has no entity_stats(): the fleet without load, then.
+    let fleet = match c.mover.fleet(true).await {
+        Ok(f) => Ok(f),
+        Err(_) => c.mover.fleet(false).await,
+    };
+    let made = fleet.map(|f| pages::fleet(&c.base, &f, by, &c.live.now()));
+    answer(&c, "Fleet", made)
+}
+
+#[derive(Deserialize)]
+struct MovesQuery {
+    all: Option<String>,
+}
+
+async fn moves(State(c): Shared, Query(q): Query<MovesQuery>) -> Response {
+    if q.all.is_some() {
+        let made = c.mover.list(false, None).await;
+        let made = made.map(|m| pages::moves_rows(&c.base, &m, "No move was ever made."));
+        return answer(&c, "Every move", made);
+    }
+    let body = pages::moves(&c.base, &c.live.now());
+    answer(&c, "Moves", Ok(body))
+}
+
+async fn move_detail(State(c): Shared, Path(move_id): Path<i64>) -> Response {
+    let made = c.mover.status_detail(move_id).await;
+    let made = made.map(|s| pages::move_detail(&c.base, &s));
+    answer(&c, &format!("Move {move_id}"), made)
+}
+
+#[derive(Deserialize)]
+struct Find {
+    entity_type: String,
+    entity_id: String,
+}
+
+/// The navigation's form: to the tenant's own page, whose address can be shared.
+async fn find_tenant(State(c): Shared, Query(f): Query<Find>) -> Redirect {
+    Redirect::to(&format!(
+        "{}/tenants/{}/{}",
+        c.base,
+        pages::url(&f.entity_type),
+        pages::url(&f.entity_id)
+    ))
+}
+
+#[derive(Deserialize)]
+struct At {
+    at: Option<String>,
+}
+
+async fn tenant(
+    State(c): Shared,
+    Path((entity_type, entity_id)): Path<(String, String)>,
+    Query(q): Query<At>,
+) -> Response {
+    let key = EntityKey::new(entity_type, entity_id);
+    let title = format!("{}/{}", key.entity_type, key.entity_id);
+    let made = async {
+        let placement = c.mover.placement(&key).await?;
+        let history = c.mover.history(&key).await?;
+        let at = match q.at.as_deref().filter(|a| !a.trim().is_empty()) {
+            Some(when) => Some((when, c.mover.placement_at(&key, when).await?)),
+            None => None,
+        };
+        let moves: Vec<_> = c
+            .mover
+            .list(false, None)
+            .await?
+            .into_iter()
+            .filter(|m| m.entity() == key)
+            .collect();
+        let at = at.as_ref().map(|(when, shard)| (*when, shard.as_deref()));
+        Ok(pages::tenant(
+            &c.base,
+            &key,
+            placement.as_ref(),
+            at,
+            &history,
+            &moves,
+        ))
+    };
+    answer(&c, &title, made.await)
+}
+
+/// The moves list, sent again on every change (the first at once), as server-sent events.
+async fn events(State(c): Shared) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let watching = Watching::new();
+    let base = c.base.clone();
+    let stream = futures_util::stream::unfold(
+        (c.live.watch(), watching, true),
+        move |(mut rx, watching, first)| {
+            let base = base.clone();
+            async move {
+                if !first && rx.changed().await.is_err() {
+                    return None;
+                }
+                let snapshot = rx.borrow_and_update().clone();
+                let html = pages::moves_table(&base, &snapshot).into_string();
+                let event = Event::default().event("moves").data(html);
+                Some((Ok(event), (rx, watching, false)))
+            }
+        },
+    );
+    Sse::new(stream).keep_alive(KeepAlive::default())
+}
+
+/// One page watching the moves, counted while its stream is open.
+struct Watching;
+
+impl Watching {
+    fn new() -> Watching {
+        metrics::gauge!("shard_directory_console_watchers").increment(1.0);
+        Watching
+    }
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        metrics::gauge!("shard_directory_console_watchers").decrement(1.0);
+    }
+}
+
+async fn prometheus(State(c): Shared) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        c.metrics.render(),
+    )
+}
+
+async fn css() -> impl IntoResponse {
+    let css = include_str!("console.css");
+    ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], css)
+}
+
+async fn js() -> impl IntoResponse {
+    let js = include_str!("console.js");
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        js,
+    )
+}

@@ -1,0 +1,346 @@
+//! The console's pages, rendered on the server (maud escapes every value): they read as plain
+//! pages without JavaScript; `console.js` only makes the moves list live and shows times in the
+//! viewer's zone (UTC on hover). Every link is under the base path, so that the console works
+//! behind a reverse proxy.
+
+use std::collections::BTreeMap;
+
+use maud::{html, Markup, DOCTYPE};
+use shard_directory_mover::{Fleet, HistoryRow, MoveRecord, MoveStatus, Placement, Weigh};
+use shard_directory_protocol::EntityKey;
+
+use super::live::Snapshot;
+
+/// The whole page: its title, the navigation, `body`.
+pub fn page(base: &str, title: &str, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · shard_directory" }
+                link rel="stylesheet" href={ (base) "/assets/console.css" };
+                script src={ (base) "/assets/console.js" } defer {}
+            }
+            body {
+                nav {
+                    a href={ (base) "/" } { "Fleet" }
+                    a href={ (base) "/moves" } { "Moves" }
+                    form action={ (base) "/tenant" } method="get" {
+                        input name="entity_type" value="tenant" size="8" aria-label="entity type";
+                        input name="entity_id" placeholder="entity id" size="12" aria-label="entity id";
+                        button { "Find" }
+                    }
+                }
+                main { h1 { (title) } (body) }
+            }
+        }
+    }
+}
+
+/// A time as the directory gave it (RFC 3339, UTC): the viewer's zone once the script ran.
+fn time(t: &str) -> Markup {
+    html! { time datetime=(t) title=(t) { (t) } }
+}
+
+fn tenant_link(base: &str, key: &EntityKey) -> Markup {
+    html! {
+        a href={ (base) "/tenants/" (url(&key.entity_type)) "/" (url(&key.entity_id)) } {
+            (key.entity_type) "/" (key.entity_id)
+        }
+    }
+}
+
+/// `s` as one percent-encoded path segment or query value.
+pub fn url(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                out.push(b as char)
+            }
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+fn bytes(n: i64) -> String {
+    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
+    let (mut value, mut unit) = (n as f64, 0);
+    while value.abs() >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// What a shard holds: its entities' rows, bytes and load summed.
+#[derive(Default)]
+struct Totals {
+    entities: usize,
+    rows: i64,
+    bytes: i64,
+    load: f64,
+}
+
+impl Totals {
+    fn weight(&self, by: Weigh) -> f64 {
+        match by {
+            Weigh::Rows => self.rows as f64,
+            Weigh::Bytes => self.bytes as f64,
+            Weigh::Load => self.load,
+        }
+    }
+}
+
+pub fn weigh_name(by: Weigh) -> &'static str {
+    match by {
+        Weigh::Rows => "rows",
+        Weigh::Bytes => "bytes",
+        Weigh::Load => "load",
+    }
+}
+
+/// The fleet: each shard with its region, entities, rows, bytes, load and open moves, and a bar
+/// per shard of its share by `by`.
+pub fn fleet(base: &str, fleet: &Fleet, by: Weigh, live: &Snapshot) -> Markup {
+    let mut totals: BTreeMap<&str, Totals> = fleet
+        .shards
+        .iter()
+        .map(|s| (s.name.as_str(), Totals::default()))
+        .collect();
+    for e in &fleet.entities {
+        let t = totals.entry(e.shard.as_str()).or_default();
+        t.entities += 1;
+        t.rows += e.size.rows;
+        t.bytes += e.size.bytes;
+        t.load += e.size.load;
+    }
+    let heaviest = totals.values().map(|t| t.weight(by)).fold(0.0, f64::max);
+    let open = |shard: &str| {
+        live.open()
+            .filter(|m| m.source_shard == shard || m.target_shard == shard)
+            .count()
+    };
+    let region = |shard: &str| {
+        fleet
+            .shards
+            .iter()
+            .find(|s| s.name == shard)
+            .and_then(|s| s.region.clone())
+    };
+    html! {
+        p.by {
+            "Bars by "
+            @for choice in [Weigh::Bytes, Weigh::Rows, Weigh::Load] {
+                @if choice == by { strong { (weigh_name(choice)) } }
+                @else { a href={ (base) "/?by=" (weigh_name(choice)) } { (weigh_name(choice)) } }
+                " "
+            }
+        }
+        table #shards {
+            thead { tr {
+                th { "shard" } th { "region" } th { "entities" } th { "rows" } th { "bytes" }
+                th { "load (tx/s)" } th { "open moves" } th { "balance by " (weigh_name(by)) }
+            } }
+            tbody {
+                @for (name, t) in &totals {
+                    @let share = if heaviest > 0.0 { t.weight(by) / heaviest * 100.0 } else { 0.0 };
+                    tr data-shard=(name) {
+                        td { (name) }
+                        td { (region(name).unwrap_or_default()) }
+                        td.n { (t.entities) }
+                        td.n { (t.rows) }
+                        td.n { (bytes(t.bytes)) }
+                        td.n { (format!("{:.1}", t.load)) }
+                        td.n { (open(name)) }
+                        td.bar { span style={ "width:" (format!("{share:.1}")) "%" } {} }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The moves list, live: a section the script refreshes from `/events`.
+pub fn moves(base: &str, live: &Snapshot) -> Markup {
+    html! {
+        section #moves data-events={ (base) "/events" } {
+            (moves_table(base, live))
+        }
+        p { a href={ (base) "/moves?all=1" } { "Every move ever made" } }
+    }
+}
+
+/// The table of `live`'s moves: what each watcher is sent on each change.
+pub fn moves_table(base: &str, live: &Snapshot) -> Markup {
+    html! {
+        @if let Some(error) = &live.error {
+            p.error { "The console's directory session is down: " (error) ". Showing the last read." }
+        }
+        (moves_rows(base, &live.moves, "No move is open, and none finished in the last hour."))
+        @if let Some(at) = live.read_at {
+            p.read { "Read at " (time(&humantime::format_rfc3339_seconds(at).to_string())) }
+        }
+    }
+}
+
+/// Moves, one row each; `none` when there are none.
+pub fn moves_rows(base: &str, moves: &[MoveRecord], none: &str) -> Markup {
+    html! {
+        @if moves.is_empty() {
+            p.none { (none) }
+        } @else {
+            table.moves {
+                thead { tr {
+                    th { "move" } th { "entity" } th { "from" } th { "to" } th { "method" }
+                    th { "phase" } th { "progress" } th { "rate" } th { "ETA" }
+                    th { "longest freeze" } th { "started" } th { "last error" }
+                } }
+                tbody {
+                    @for m in moves {
+                        @let (done, of) = progress(m);
+                        tr data-move=(m.move_id) data-phase=(m.phase.as_str()) {
+                            td { a href={ (base) "/moves/" (m.move_id) } { (m.move_id) } }
+                            td { (tenant_link(base, &m.entity())) }
+                            td { (m.source_shard) }
+                            td { (m.target_shard) }
+                            td { (m.method.as_str()) }
+                            td.phase { (m.phase.as_str()) }
+                            td { progress value=(done) max=(of.max(1)) {} " " (done) " / " (of) }
+                            td.n { (rate(m)) }
+                            td.n { (eta(m)) }
+                            td.n { (m.max_freeze_seen_ms.map(|ms| format!("{ms} ms")).unwrap_or_default()) }
+                            td { (time(&m.started_at)) }
+                            td.error { (m.last_error.clone().unwrap_or_default()) }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Rows copied (or deleted, once the cutover is past) of the rows to carry.
+fn progress(m: &MoveRecord) -> (i64, i64) {
+    let of: i64 = m.tables.values().map(|t| t.rows).sum();
+    let done: i64 = m.tables.values().map(|t| t.copied.max(t.deleted)).sum();
+    (done.min(of), of)
+}
+
+fn rate(m: &MoveRecord) -> String {
+    let r: i64 = m.tables.values().filter_map(|t| t.rows_per_second).sum();
+    if r > 0 {
+        format!("{r} rows/s")
+    } else {
+        String::new()
+    }
+}
+
+fn eta(m: &MoveRecord) -> String {
+    m.tables
+        .values()
+        .filter_map(|t| t.eta_seconds)
+        .max()
+        .map(|s| format!("{s} s"))
+        .unwrap_or_default()
+}
+
+/// One move: its record, per table, the process driving it and its slot.
+pub fn move_detail(base: &str, s: &MoveStatus) -> Markup {
+    let m = &s.record;
+    html! {
+        dl {
+            dt { "entity" } dd { (tenant_link(base, &m.entity())) }
+            dt { "from → to" } dd { (m.source_shard) " → " (m.target_shard) }
+            dt { "method" } dd { (m.method.as_str()) @if m.reversible { " (reversible)" } }
+            dt { "phase" } dd.phase { (m.phase.as_str()) }
+            dt { "started" } dd { (time(&m.started_at)) " by " (m.started_by) }
+            @if let Some(f) = &m.finished_at { dt { "finished" } dd { (time(f)) } }
+            dt { "max freeze" } dd { (m.max_freeze_ms) " ms" }
+            @if let Some(ms) = m.max_freeze_seen_ms { dt { "longest freeze" } dd { (ms) " ms" } }
+            @if let Some(v) = m.cutover_version { dt { "cutover version" } dd { (v) } }
+            dt { "driven by" } dd {
+                @match &s.driver { Some(d) => (d.to_string()), None => "no process" }
+            }
+            @if let Some(slot) = &s.slot {
+                dt { "slot" } dd {
+                    (slot.name) " on " (slot.shard) ": keeps " (bytes(slot.retained_wal_bytes))
+                    " of WAL" @if !slot.active { " (not streaming)" }
+                }
+            }
+            @if let Some(e) = &m.last_error { dt { "last error" } dd.error { (e) } }
+        }
+        h2 { "Tables" }
+        table.tables {
+            thead { tr {
+                th { "table" } th { "rows" } th { "copied" } th { "verified" } th { "deleted" }
+                th { "rate" } th { "ETA" }
+            } }
+            tbody {
+                @for (name, t) in &m.tables {
+                    tr {
+                        td { (name) } td.n { (t.rows) } td.n { (t.copied) }
+                        td.n { (t.verified.map(|v| v.to_string()).unwrap_or_default()) }
+                        td.n { (t.deleted) }
+                        td.n { (t.rows_per_second.map(|r| format!("{r} rows/s")).unwrap_or_default()) }
+                        td.n { (t.eta_seconds.map(|s| format!("{s} s")).unwrap_or_default()) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A tenant: where it is, where it was at `at` (when asked), its history and its moves.
+pub fn tenant(
+    base: &str,
+    key: &EntityKey,
+    placement: Option<&Placement>,
+    at: Option<(&str, Option<&str>)>,
+    history: &[HistoryRow],
+    moves: &[MoveRecord],
+) -> Markup {
+    html! {
+        @match placement {
+            Some(p) => p.now {
+                "On " strong { (p.shard_name) } ", " (p.state.as_str())
+                @if let Some(t) = &p.target_shard { ", moving to " (t) }
+                " (entry version " (p.version) ")"
+            },
+            None => p.none { "The directory has no entry for it." },
+        }
+        form.at action={ (base) "/tenants/" (url(&key.entity_type)) "/" (url(&key.entity_id)) } method="get" {
+            label { "Where was it at " input type="text" name="at" placeholder="2026-03-01 12:00Z" value=(at.map(|a| a.0).unwrap_or_default()); }
+            button { "Show" }
+        }
+        @if let Some((when, shard)) = at {
+            p.at { "At " (when) ": " @match shard { Some(s) => strong { (s) }, None => "no entry" } }
+        }
+        h2 { "History" }
+        ol.timeline {
+            @for h in history {
+                li {
+                    (time(&h.changed_at)) " " (h.transition) " "
+                    (h.old_shard.clone().unwrap_or_default()) " → "
+                    (h.new_shard.clone().unwrap_or_default())
+                    @if let Some(s) = &h.new_state { " (" (s) ")" }
+                    " at version " (h.version) " by " (h.changed_by)
+                }
+            }
+        }
+        h2 { "Moves" }
+        (moves_rows(base, moves, "It was never moved."))
+    }
+}
+
+/// A page for an error: what went wrong, in the server's words.
+pub fn error(base: &str, title: &str, message: &str) -> Markup {
+    page(base, title, html! { p.error { (message) } })
+}
