@@ -21,7 +21,9 @@ pub fn key<'a>(
     let entity_id = if let Ok(s) = entity_id.cast::<PyString>() {
         s.to_cow()?
     } else if entity_id.is_instance_of::<PyInt>() && !entity_id.is_instance_of::<PyBool>() {
-        Cow::Owned(entity_id.str()?.to_cow()?.into_owned())
+        // Its number, not its str(): an IntEnum's str() is its member's name.
+        let number = entity_id.call_method0("__index__")?;
+        Cow::Owned(number.str()?.to_cow()?.into_owned())
     } else {
         return Err(wrong("entity_id must be a str or an int", entity_id));
     };

@@ -24,6 +24,27 @@ def refusal(e: Any) -> tuple[str, str | None] | None:
     return e.sqlstate, e.diag.message_detail
 
 
+def unstamped(e: Any) -> bool:
+    """Whether the refusal ``e`` says a statement ran with no stamp (``missing``): after a
+    stamped transaction began, only a block that ended it (a COMMIT of its own, a second
+    transaction) gets that; re-running the block would commit its first part again."""
+    return _native.refusal_reason(e.sqlstate or "", e.diag.message_detail) == "missing"
+
+
+def left_the_transaction(entity: tuple[str, str], shard: str, how: str) -> Exception:
+    """The block ended the routed transaction itself (``how``): what it committed stays, and
+    the rest is not re-run (it would commit that again)."""
+    return error(
+        _native.Aborted,
+        f"{entity[0]}/{entity[1]}: the block {how} on shard \"{shard}\", outside the routed "
+        "transaction: what it committed before stays committed, the rest was not re-run",
+        entity_type=entity[0],
+        entity_id=entity[1],
+        shard=shard,
+        retryable=False,
+    )
+
+
 def rejected(route: _native.Route, e: Any, entity: tuple[str, str]) -> Exception:
     """The refusal ``e`` the core gave up on, as ``Rejected``."""
     reason = _native.refusal_reason(e.sqlstate or "", e.diag.message_detail)

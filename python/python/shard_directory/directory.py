@@ -51,6 +51,38 @@ class _Directory:
         """What ``/debug/directory`` serves: the version, the watcher's state, the counters."""
         return json.loads(self._native.debug_json())
 
+    def attempts(
+        self,
+        entity_type: str,
+        entity_id: str | int,
+        *,
+        read_only: bool = False,
+        checked: bool = True,
+        shards: Collection[str] | None = None,
+        deadline: float = 15.0,
+        attempt_timeout: float = 15.0,
+        base_backoff: float = 0.01,
+        max_backoff: float = 0.5,
+    ) -> Attempts:
+        """The attempts of one routed transaction run on the application's own connections
+        (SQLAlchemy sessions, Django connections): for each, open a transaction on
+        ``attempt.shard``, execute ``attempt.stamp`` first in it, and do the work inside
+        ``with attempt:``. A refusal (40001) raised in the block is learned from and the loop
+        goes on to the next attempt (a write to a frozen entity waits before it); the loop ends
+        after the first attempt whose block ends without an error. ``Rejected`` when the core
+        gives up; any other error is raised as it is. ``shards``: the shards the application
+        reaches (a refusal's ``moved_to`` elsewhere is asked of the directory); None: all.
+        The policy is ``Router``'s. For ``AsyncShardDirectory``: ``async for`` and ``async
+        with``; the waits run on the client's runtime, never on the event loop."""
+        return Attempts(
+            self._native,
+            entity(entity_type, entity_id),
+            read_only=read_only,
+            checked=checked,
+            shards=shards,
+            policy=policy(deadline, attempt_timeout, base_backoff, max_backoff),
+        )
+
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"version={self.version}"
         return f"<{type(self).__name__} {state}>"
@@ -83,37 +115,6 @@ class ShardDirectory(_Directory):
         Raises ``UnknownEntity``, and while the directory is unreachable ``DirectoryUnavailable``
         or ``FailClosed`` as the policy decides."""
         return self._native.lookup(entity_type, entity_id)
-
-    def attempts(
-        self,
-        entity_type: str,
-        entity_id: str | int,
-        *,
-        read_only: bool = False,
-        checked: bool = True,
-        shards: Collection[str] | None = None,
-        deadline: float = 15.0,
-        attempt_timeout: float = 15.0,
-        base_backoff: float = 0.01,
-        max_backoff: float = 0.5,
-    ) -> Attempts:
-        """The attempts of one routed transaction run on the application's own connections
-        (SQLAlchemy sessions, Django connections): for each, open a transaction on
-        ``attempt.shard``, execute ``attempt.stamp`` first in it, and do the work inside
-        ``with attempt:``. A refusal (40001) raised in the block is learned from and the loop
-        goes on to the next attempt (a write to a frozen entity waits before it); the loop ends
-        after the first attempt whose block ends without an error. ``Rejected`` when the core
-        gives up; any other error is raised as it is. ``shards``: the shards the application
-        reaches (a refusal's ``moved_to`` elsewhere is asked of the directory); None: all.
-        The policy is ``Router``'s."""
-        return Attempts(
-            self._native,
-            entity(entity_type, entity_id),
-            read_only=read_only,
-            checked=checked,
-            shards=shards,
-            policy=policy(deadline, attempt_timeout, base_backoff, max_backoff),
-        )
 
     def refresh(self) -> int:
         """Reads what changed in the directory now; returns the version."""

@@ -22,8 +22,8 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTimeout
 
 from . import _native
-from .attempts import STAMP, policy as _retry_policy
-from ._refusals import error as _error, refusal as _refusal, rejected as _rejected
+from .attempts import STAMP, policy as _retry_policy, soon
+from ._refusals import error as _error, left_the_transaction, refusal as _refusal, rejected as _rejected, unstamped
 from .directory import AsyncShardDirectory, ShardDirectory, entity as _entity
 
 T = TypeVar("T")
@@ -79,6 +79,27 @@ def _aborted(entity: tuple[str, str], shard: str) -> Exception:
         entity_id=entity[1],
         shard=shard,
         retryable=False,
+    )
+
+
+def _still_open(conn: Any, entity: tuple[str, str], shard: str) -> None:
+    """Before COMMIT: the routed transaction is still the one open. An error the caller caught
+    aborted it (COMMIT would roll it back, silently: ``Aborted``); a COMMIT or ROLLBACK
+    statement of the block's own ended it (what followed ran unstamped); the connection was
+    lost (nothing was committed: ``ShardUnavailable``)."""
+    status = conn.info.transaction_status
+    if status == TransactionStatus.INTRANS:
+        return
+    if status == TransactionStatus.INERROR:
+        raise _aborted(entity, shard)
+    if status == TransactionStatus.IDLE:
+        raise left_the_transaction(entity, shard, "ended the transaction itself")
+    raise _error(
+        _native.ShardUnavailable,
+        f'{entity[0]}/{entity[1]}: the connection to shard "{shard}" was lost before COMMIT; '
+        "nothing was committed",
+        shard=shard,
+        retryable=True,
     )
 
 
@@ -205,33 +226,6 @@ def _begin(conn: Any, read_only: bool, isolation: IsolationLevel | None) -> None
         conn.isolation_level = isolation
 
 
-async def _soon(start: Callable[[Callable[[bool, Any], None]], _native.Pending]) -> Any:
-    """A decision of the core made on its runtime, awaited without a thread of the loop's: the
-    core calls back with the answer; a cancelled wait stops it there (a freeze's or a backoff's
-    wait ends with the task that awaited it)."""
-    loop = asyncio.get_running_loop()
-    answer: asyncio.Future[Any] = loop.create_future()
-
-    def settle(ok: bool, value: Any) -> None:
-        if answer.done():
-            return
-        if ok:
-            answer.set_result(value)
-        else:
-            answer.set_exception(value)
-
-    def done(ok: bool, value: Any) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-            loop.call_soon_threadsafe(settle, ok, value)
-
-    pending = start(done)
-    try:
-        return await answer
-    except asyncio.CancelledError:
-        pending.cancel()
-        raise
-
-
 def _not_awaitable(result: T) -> T:
     """``result``, unless it is a coroutine (an ``async def`` passed to the synchronous router):
     then ``TypeError``, and the transaction rolls back."""
@@ -313,9 +307,7 @@ class Router(_Routes):
                     conn.execute(STAMP[check], route.stamp_params)
                 stamped = True
                 yield conn
-                # An error the caller caught aborted it: COMMIT would roll it back, silently.
-                if conn.info.transaction_status == TransactionStatus.INERROR:
-                    raise _aborted(entity, shard)
+                _still_open(conn, entity, shard)
             except psycopg.OperationalError as e:
                 if not stamped and conn.broken:
                     raise _Dead() from e
@@ -330,6 +322,10 @@ class Router(_Routes):
         refusal = _refusal(e)
         if refusal is None:
             raise e
+        if unstamped(e):
+            raise left_the_transaction(
+                entity, route.entry.shard_name, "ran a statement without the stamp"
+            ) from e
         if not routing.refused(route, *refusal, self._can_route_to):
             raise _rejected(route, e, entity)
 
@@ -346,7 +342,9 @@ class Router(_Routes):
         checked; re-runs the whole of ``fn`` when a shard refuses the route (40001), on the
         repaired route, until the deadline (then ``Rejected``). While the entity is ``read_only``
         a write sends nothing and waits for the cutover to end (``ReadOnly`` past the
-        deadline). An exception of ``fn`` rolls back and is raised as it is."""
+        deadline). An exception of ``fn`` rolls back and is raised as it is (``psycopg.Rollback``
+        rolls back and returns None, as in psycopg's own blocks). A block that ends the
+        transaction itself (a COMMIT statement) is ``Aborted``, never re-run."""
         if inspect.iscoroutinefunction(fn):
             raise TypeError("Router.run takes a plain function: use AsyncRouter for coroutines")
         entity = _entity(entity_type, entity_id)
@@ -359,6 +357,7 @@ class Router(_Routes):
                     route.entry.shard_name, entity, route, check, read_only, isolation
                 ) as conn:
                     return _not_awaitable(fn(conn))
+                return None  # type: ignore[return-value]  # fn raised psycopg.Rollback
             except _Dead:
                 continue
             except psycopg.Error as e:
@@ -384,6 +383,7 @@ class Router(_Routes):
             route = routing.next()
             try:
                 shard = route.entry.shard_name
+                source = None  # fn may raise psycopg.Rollback: rolled back, None
                 with self._stamped(shard, entity, route, check, True, None) as conn:
                     source = _not_awaitable(fn(conn))
                 target = route.entry.target_shard
@@ -529,8 +529,7 @@ class AsyncRouter(_Routes):
                     await conn.execute(STAMP[check], route.stamp_params)
                 stamped = True
                 yield conn
-                if conn.info.transaction_status == TransactionStatus.INERROR:
-                    raise _aborted(entity, shard)
+                _still_open(conn, entity, shard)
             except psycopg.OperationalError as e:
                 if not stamped and conn.broken:
                     raise _Dead() from e
@@ -542,7 +541,11 @@ class AsyncRouter(_Routes):
         refusal = _refusal(e)
         if refusal is None:
             raise e
-        again = await _soon(
+        if unstamped(e):
+            raise left_the_transaction(
+                entity, route.entry.shard_name, "ran a statement without the stamp"
+            ) from e
+        again = await soon(
             lambda done: routing.refused_soon(route, *refusal, self._can_route_to, done)
         )
         if not again:
@@ -562,12 +565,13 @@ class AsyncRouter(_Routes):
         routing = self._routing(self.directory, entity, write=not read_only)
         check = "read" if read_only else "write"
         while True:
-            route = await _soon(routing.next_soon)
+            route = await soon(routing.next_soon)
             try:
                 async with self._stamped(
                     route.entry.shard_name, entity, route, check, read_only, isolation
                 ) as conn:
                     return await fn(conn)
+                return None  # type: ignore[return-value]  # fn raised psycopg.Rollback
             except _Dead:
                 continue
             except psycopg.Error as e:
@@ -586,9 +590,10 @@ class AsyncRouter(_Routes):
         routing = self._routing(self.directory, entity, write=False)
         check = "read" if checked else "unchecked"
         while True:
-            route = await _soon(routing.next_soon)
+            route = await soon(routing.next_soon)
             try:
                 shard = route.entry.shard_name
+                source = None  # fn may raise psycopg.Rollback: rolled back, None
                 async with self._stamped(shard, entity, route, check, True, None) as conn:
                     source = await fn(conn)
                 target = route.entry.target_shard
@@ -620,7 +625,7 @@ class AsyncRouter(_Routes):
         routing = self._routing(self.directory, entity, write=not read_only)
         check = "read" if read_only else "write"
         while True:
-            route = await _soon(routing.next_soon)
+            route = await soon(routing.next_soon)
             began = False
             try:
                 async with self._stamped(
@@ -637,7 +642,7 @@ class AsyncRouter(_Routes):
                     await self._again(routing, route, e, entity)
                     continue
                 if refusal is not None:
-                    await _soon(
+                    await soon(
                         lambda done: routing.refused_soon(
                             route, *refusal, self._can_route_to, done
                         )
