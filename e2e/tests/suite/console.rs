@@ -51,6 +51,37 @@ async fn the_console_shows_the_fleet_a_tenant_and_a_move_walking_through_its_pha
     let by_rows = console.get("/?by=rows").await;
     assert!(by_rows.body.contains("balance by rows"), "{}", by_rows.body);
     assert_eq!(console.get("/?by=weight").await.status, 400);
+    // What a drain of shard_1 would change, drawn from the planner: nothing is recorded.
+    let drain = console.get("/?plan=drain&shard=shard_1&by=rows").await;
+    assert_eq!(drain.status, 200, "{}", drain.body);
+    assert!(
+        drain
+            .body
+            .contains("<td>tenant/c1</td><td>shard_1</td><td>shard_2</td>"),
+        "{}",
+        drain.body
+    );
+    assert!(
+        drain.body.contains("<td class=\"n\">1 → 0</td>"),
+        "{}",
+        drain.body
+    );
+    assert!(drain
+        .body
+        .contains("shard-directory drain shard_1 --by rows --apply"));
+    assert_eq!(console.get("/?plan=split&shard=shard_1").await.status, 400);
+    assert_eq!(console.get("/?plan=explode").await.status, 400);
+    let batches: i64 = t
+        .dba()
+        .await
+        .query_one(
+            "SELECT count(*) FROM shard_directory.shard_move_batches",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(batches, 0, "a plan drawn is not a batch recorded");
     let home = console.get_with("", &[]).await;
     assert_eq!(
         home.status, 308,
@@ -257,6 +288,22 @@ async fn a_browser_sees_a_move_walk_through_its_phases_without_reloading() {
     c.goto(&home).await.unwrap();
     let shards = c.find_all(Locator::Css("#shards tbody tr")).await.unwrap();
     assert_eq!(shards.len(), 2, "a row per shard");
+    // The rebalance form, filled in as it stands: the plan drawn before and after.
+    let form = c
+        .find(Locator::Css("form:has(input[value='rebalance'])"))
+        .await
+        .unwrap();
+    form.find(Locator::Css("button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait()
+        .at_most(Duration::from_secs(30))
+        .for_element(Locator::Css("#plan tr[data-shard='shard_2'] span.after"))
+        .await
+        .expect("the plan is drawn");
     browser.screenshot("fleet").await;
 
     c.goto(&format!("{home}moves")).await.unwrap();

@@ -25,7 +25,7 @@ use futures_util::Stream;
 use maud::Markup;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
-use shard_directory_mover::{with_password, Error, Mover, Weigh};
+use shard_directory_mover::{with_password, BatchPlan, Error, Fleet, Mover, Weigh};
 use shard_directory_protocol::EntityKey;
 
 use crate::output::Outcome;
@@ -142,29 +142,83 @@ fn answer(c: &Console, title: &str, made: Result<Markup, Error>) -> Response {
 #[derive(Deserialize)]
 struct FleetQuery {
     by: Option<String>,
+    /// A plan to draw: `drain`, `split` or `rebalance`, with its settings.
+    plan: Option<String>,
+    shard: Option<String>,
+    to: Option<String>,
+    fraction: Option<f64>,
+    tolerance: Option<f64>,
+    max_moves: Option<usize>,
+}
+
+impl FleetQuery {
+    fn by(&self) -> Result<Weigh, String> {
+        match self.by.as_deref() {
+            None | Some("bytes") => Ok(Weigh::Bytes),
+            Some("rows") => Ok(Weigh::Rows),
+            Some("load") => Ok(Weigh::Load),
+            Some(other) => Err(format!("by={other}: bytes, rows or load")),
+        }
+    }
+
+    /// The plan asked, from the planners the CLI's `drain`, `split` and `rebalance` use.
+    fn plan(&self, fleet: &Fleet, by: Weigh) -> Result<Option<BatchPlan>, String> {
+        let shard = || self.shard.as_deref().ok_or("plan: which shard (shard=)");
+        let planned = match self.plan.as_deref() {
+            None => return Ok(None),
+            Some("drain") => {
+                let to: Vec<String> = self.to.iter().map(String::from).collect();
+                shard_directory_mover::drain(fleet, shard()?, &to, by)
+            }
+            Some("split") => {
+                let to = self
+                    .to
+                    .as_deref()
+                    .ok_or("plan=split: to which shard (to=)")?;
+                let fraction = self.fraction.unwrap_or(0.5);
+                shard_directory_mover::split(fleet, shard()?, to, fraction, by)
+            }
+            Some("rebalance") => shard_directory_mover::rebalance(
+                fleet,
+                by,
+                self.tolerance.unwrap_or(0.1),
+                self.max_moves.unwrap_or(100),
+            ),
+            Some(other) => return Err(format!("plan={other}: drain, split or rebalance")),
+        };
+        planned.map(Some).map_err(|e| e.to_string())
+    }
 }
 
 async fn fleet(State(c): Shared, Query(q): Query<FleetQuery>) -> Response {
-    let by = match q.by.as_deref() {
-        None | Some("bytes") => Weigh::Bytes,
-        Some("rows") => Weigh::Rows,
-        Some("load") => Weigh::Load,
-        Some(other) => {
-            let message = format!("by={other}: bytes, rows or load");
-            return (
-                StatusCode::BAD_REQUEST,
-                pages::error(&c.base, "Fleet", &message),
-            )
-                .into_response();
-        }
+    let bad = |message: String| {
+        (
+            StatusCode::BAD_REQUEST,
+            pages::error(&c.base, "Fleet", &message),
+        )
+            .into_response()
+    };
+    let by = match q.by() {
+        Ok(by) => by,
+        Err(message) => return bad(message),
     };
     // A shard of extension 0.1.0 has no entity_stats(): the fleet without load, then.
     let fleet = match c.mover.fleet(true).await {
-        Ok(f) => Ok(f),
-        Err(_) => c.mover.fleet(false).await,
+        Ok(f) => f,
+        Err(_) => match c.mover.fleet(false).await {
+            Ok(f) => f,
+            Err(e) => return answer(&c, "Fleet", Err(e)),
+        },
     };
-    let made = fleet.map(|f| pages::fleet(&c.base, &f, by, &c.live.now()));
-    answer(&c, "Fleet", made)
+    let plan = match q.plan(&fleet, by) {
+        Ok(plan) => plan,
+        Err(message) => return bad(message),
+    };
+    let body = maud::html! {
+        (pages::fleet(&c.base, &fleet, by, &c.live.now()))
+        (pages::plans(&c.base, &fleet, by, plan.as_ref()))
+    };
+    answer(&c, "Fleet", Ok(body))
 }
 
 #[derive(Deserialize)]

@@ -6,7 +6,9 @@
 use std::collections::BTreeMap;
 
 use maud::{html, Markup, DOCTYPE};
-use shard_directory_mover::{Fleet, HistoryRow, MoveRecord, MoveStatus, Placement, Weigh};
+use shard_directory_mover::{
+    BatchPlan, Fleet, HistoryRow, MoveRecord, MoveStatus, Placement, Weigh,
+};
 use shard_directory_protocol::EntityKey;
 
 use super::live::Snapshot;
@@ -164,6 +166,105 @@ pub fn fleet(base: &str, fleet: &Fleet, by: Weigh, live: &Snapshot) -> Markup {
                     }
                 }
             }
+        }
+    }
+}
+
+/// The forms that ask the planners what a drain, a split or a rebalance would move (a GET:
+/// nothing is planned for real, nothing runs), and the answer to the one asked: each shard
+/// before and after, and the moves.
+pub fn plans(base: &str, fleet: &Fleet, by: Weigh, asked: Option<&BatchPlan>) -> Markup {
+    let shards: Vec<&str> = fleet.shards.iter().map(|s| s.name.as_str()).collect();
+    let by = weigh_name(by);
+    html! {
+        h2 { "What a plan would change" }
+        div.plans {
+            form action={ (base) "/" } method="get" {
+                input type="hidden" name="by" value=(by);
+                input type="hidden" name="plan" value="drain";
+                "Drain " (shard_choice("shard", &shards)) " " button { "Plan" }
+            }
+            form action={ (base) "/" } method="get" {
+                input type="hidden" name="by" value=(by);
+                input type="hidden" name="plan" value="split";
+                "Split " (shard_choice("shard", &shards)) " to " (shard_choice("to", &shards))
+                " fraction " input name="fraction" value="0.5" size="4";
+                " " button { "Plan" }
+            }
+            form action={ (base) "/" } method="get" {
+                input type="hidden" name="by" value=(by);
+                input type="hidden" name="plan" value="rebalance";
+                "Rebalance, tolerance " input name="tolerance" value="0.1" size="4";
+                " at most " input name="max_moves" value="100" size="4"; " moves "
+                button { "Plan" }
+            }
+        }
+        @if let Some(plan) = asked {
+            (plan_answer(plan))
+        }
+    }
+}
+
+fn shard_choice(name: &str, shards: &[&str]) -> Markup {
+    html! {
+        select name=(name) {
+            @for s in shards { option value=(s) { (s) } }
+        }
+    }
+}
+
+fn plan_answer(plan: &BatchPlan) -> Markup {
+    let by = plan.by;
+    let heaviest = plan
+        .shards
+        .values()
+        .flat_map(|t| [t.before.weight(by), t.after.weight(by)])
+        .fold(0.0, f64::max);
+    let width = |w: f64| {
+        let share = if heaviest > 0.0 {
+            w / heaviest * 100.0
+        } else {
+            0.0
+        };
+        format!("width:{share:.1}%")
+    };
+    html! {
+        section #plan {
+            h3 { (plan.purpose) ", by " (weigh_name(by)) ": " (plan.moves.len()) " moves" }
+            table {
+                thead { tr {
+                    th { "shard" } th { "entities before → after" }
+                    th { "before" } th { "after" }
+                } }
+                tbody {
+                    @for (name, t) in &plan.shards {
+                        tr data-shard=(name) {
+                            td { (name) }
+                            td.n { (t.entities_before) " → " (t.entities_after) }
+                            td.bar { span.before style=(width(t.before.weight(by))) {} }
+                            td.bar { span.after style=(width(t.after.weight(by))) {} }
+                        }
+                    }
+                }
+            }
+            @if !plan.moves.is_empty() {
+                table.planned {
+                    thead { tr { th { "entity" } th { "from" } th { "to" } th { "rows" } th { "bytes" } } }
+                    tbody {
+                        @for m in &plan.moves {
+                            tr {
+                                td { (m.entity_type) "/" (m.entity_id) }
+                                td { (m.from) } td { (m.to) }
+                                td.n { (m.rows) } td.n { (bytes(m.bytes)) }
+                            }
+                        }
+                    }
+                }
+            }
+            @if !plan.skipped.is_empty() {
+                p { (plan.skipped.len()) " entities left where they are: their freeze would outlast --max-freeze." }
+            }
+            p.hint { "To run it: " code { "shard-directory " (plan.purpose) " --by " (weigh_name(by)) " --apply" } }
         }
     }
 }
