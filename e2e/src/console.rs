@@ -58,10 +58,28 @@ impl Console {
 
     /// `GET <base><path>` with `headers` (each `Name: value`).
     pub async fn get_with(&self, path: &str, headers: &[&str]) -> Page {
+        self.request("GET", path, headers, "").await
+    }
+
+    /// `POST <base><path>` of the form `body` (`a=1&b=2`) with `headers`.
+    pub async fn post(&self, path: &str, headers: &[&str], body: &str) -> Page {
+        let form = [
+            "Content-Type: application/x-www-form-urlencoded".to_owned(),
+            format!("Content-Length: {}", body.len()),
+        ];
+        let all: Vec<&str> = headers
+            .iter()
+            .copied()
+            .chain(form.iter().map(String::as_str))
+            .collect();
+        self.request("POST", path, &all, body).await
+    }
+
+    async fn request(&self, method: &str, path: &str, headers: &[&str], body: &str) -> Page {
         let mut s = TcpStream::connect(&self.addr).await.expect("connect");
         let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
         let request = format!(
-            "GET {}{path} HTTP/1.0\r\nHost: {}\r\n{extra}\r\n",
+            "{method} {}{path} HTTP/1.0\r\nHost: {}\r\n{extra}\r\n{body}",
             self.base, self.addr
         );
         s.write_all(request.as_bytes()).await.expect("send");

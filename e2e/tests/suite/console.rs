@@ -359,3 +359,314 @@ async fn a_browser_sees_a_move_walk_through_its_phases_without_reloading() {
     );
     browser.client.clone().close().await.unwrap();
 }
+
+const TOKEN: &str = "alice-0123456789abcdef";
+
+/// A console with actions, its users file (alice) and audit log in the directory's folder.
+async fn console_with_actions(t: &Topology) -> (Console, std::path::PathBuf) {
+    let users = t.directory.scratch_path("console-users");
+    std::fs::write(&users, format!("# the console's users\nalice:{TOKEN}\n")).unwrap();
+    let audit = t.directory.scratch_path("console-audit.jsonl");
+    let args = [
+        "--allow-actions",
+        "--token-file",
+        users.to_str().unwrap(),
+        "--audit-log",
+        audit.to_str().unwrap(),
+    ];
+    (Console::start(t, "", &args).await, audit)
+}
+
+/// A move of tenant `id` to shard_2 killed while it copies: open, resumable, its lock free.
+async fn stopped_move(t: &Topology, id: &str) -> i64 {
+    t.add_tenant(id, "shard_1").await;
+    t.seed_orders("shard_1", id, 3000, 2).await;
+    let killed = shard_directory_e2e::mover_cli::kill_at(
+        t,
+        id,
+        "shard_2",
+        "logical",
+        Phase::Copying,
+        Duration::ZERO,
+    )
+    .await
+    .expect("killed while copying");
+    killed.move_id
+}
+
+/// The value of the hidden input `name` in a form of `html`.
+fn hidden(html: &str, name: &str) -> String {
+    let marker = format!("name=\"{name}\" value=\"");
+    let at = html
+        .find(&marker)
+        .unwrap_or_else(|| panic!("no {name} in {html}"))
+        + marker.len();
+    html[at..].split('"').next().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abort_needs_the_token_a_form_of_this_console_and_a_confirmation_and_is_recorded() {
+    let t = Topology::start("console-actions").await;
+    let move_id = stopped_move(&t, "a1").await;
+    let (console, audit) = console_with_actions(&t).await;
+    let bearer = format!("Authorization: Bearer {TOKEN}");
+
+    // Without the token: refused, pages and actions alike; the assets and login are open.
+    assert_eq!(console.get("/").await.status, 401);
+    assert_eq!(console.get("/metrics").await.status, 401);
+    assert_eq!(console.get("/assets/console.css").await.status, 200);
+    let wrong = console
+        .get_with("/", &["Authorization: Bearer alice-wrong-token-0000"])
+        .await;
+    assert_eq!(wrong.status, 401);
+    let login = console.post("/login", &[], &format!("token={TOKEN}")).await;
+    assert_eq!(login.status, 303, "{}", login.body);
+    let cookie = login
+        .headers
+        .lines()
+        .find_map(|l| l.strip_prefix("set-cookie: "))
+        .expect("a cookie")
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    assert!(
+        login.headers.contains("HttpOnly; SameSite=Strict"),
+        "{}",
+        login.headers
+    );
+    let by_cookie = console.get_with("/", &[&format!("Cookie: {cookie}")]).await;
+    assert_eq!(by_cookie.status, 200);
+
+    let page = console
+        .get_with(&format!("/moves/{move_id}"), &[&bearer])
+        .await;
+    assert!(
+        page.body
+            .contains(&format!("href=\"/moves/{move_id}/abort\"")),
+        "{}",
+        page.body
+    );
+    let form = console
+        .get_with(&format!("/moves/{move_id}/abort"), &[&bearer])
+        .await;
+    assert_eq!(
+        form.status, 200,
+        "a GET shows the form, and changes nothing"
+    );
+    let csrf = hidden(&form.body, "csrf");
+    let path = format!("/moves/{move_id}/abort");
+    // Refused, and nothing done: no CSRF token, another site's origin, no confirmation.
+    let refusals = [
+        (console.post(&path, &[&bearer], "confirm=yes").await, 422),
+        (
+            console.post(&path, &[&bearer], "csrf=00&confirm=yes").await,
+            403,
+        ),
+        (
+            console
+                .post(
+                    &path,
+                    &[&bearer, "Origin: http://evil.example"],
+                    &format!("csrf={csrf}&confirm=yes"),
+                )
+                .await,
+            403,
+        ),
+        (
+            console
+                .post(&path, &[&bearer], &format!("csrf={csrf}"))
+                .await,
+            400,
+        ),
+        (
+            console
+                .post(&path, &[], &format!("csrf={csrf}&confirm=yes"))
+                .await,
+            401,
+        ),
+    ];
+    for (page, status) in refusals {
+        assert_eq!(page.status, status, "{}", page.body);
+    }
+    let phase = shard_directory_e2e::mover_cli::open_phase(&t, "a1").await;
+    assert_eq!(
+        phase.map(|(id, _)| id),
+        Some(move_id),
+        "still open: nothing was done"
+    );
+
+    let asked = console
+        .post(&path, &[&bearer], &format!("csrf={csrf}&confirm=yes"))
+        .await;
+    assert_eq!(asked.status, 303, "{}", asked.body);
+    shard_directory_e2e::eventually("the move aborted", Duration::from_secs(60), || async {
+        shard_directory_e2e::mover_cli::open_phase(&t, "a1")
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        t.entry("tenant", "a1").await.0,
+        "shard_1",
+        "the tenant where it was"
+    );
+    assert_eq!(
+        t.rows("shard_1", "a1").await,
+        (3000, 6000),
+        "its rows where they were"
+    );
+    assert_eq!(t.rows("shard_2", "a1").await, (0, 0));
+    let log = shard_directory_e2e::eventually(
+        "the outcome recorded",
+        Duration::from_secs(30),
+        || async {
+            let log = std::fs::read_to_string(&audit).unwrap_or_default();
+            log.contains("\"outcome\":\"done\"").then_some(log)
+        },
+    )
+    .await;
+    let target = format!("\"target\":\"move {move_id}\"");
+    for line in log.lines() {
+        assert!(
+            line.contains("\"user\":\"alice\"") && line.contains("\"action\":\"abort\""),
+            "{line}"
+        );
+        assert!(line.contains(&target), "{line}");
+    }
+    assert_eq!(log.lines().count(), 2, "started, then done: {log}");
+    let recorded = console.get_with("/actions", &[&bearer]).await;
+    assert!(
+        recorded.body.contains("<td>alice</td><td>abort</td>"),
+        "{}",
+        recorded.body
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_console_offers_no_action_and_serves_none() {
+    let t = Topology::start("console-read-only").await;
+    let move_id = stopped_move(&t, "r1").await;
+    let console = Console::start(&t, "", &[]).await;
+    let page = console.get(&format!("/moves/{move_id}")).await;
+    assert_eq!(page.status, 200);
+    assert!(!page.body.contains("/abort\""), "{}", page.body);
+    assert_eq!(
+        console.get(&format!("/moves/{move_id}/abort")).await.status,
+        404
+    );
+    let post = console
+        .post(&format!("/moves/{move_id}/abort"), &[], "confirm=yes")
+        .await;
+    assert!(post.status == 404 || post.status == 405, "{}", post.status);
+    let phase = shard_directory_e2e::mover_cli::open_phase(&t, "r1").await;
+    assert_eq!(phase.map(|(id, _)| id), Some(move_id), "still open");
+    // Actions need users: refused at start, with the usage exit code.
+    let out = shard_directory_e2e::mover_cli::command(&t)
+        .args(["console", "--listen", "127.0.0.1:0", "--allow-actions"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        shard_directory_e2e::mover_cli::text(&out.stderr)
+    );
+}
+
+/// In a real browser, actions allowed: a request without the token gets the sign-in form; signed
+/// in, an abort asked from the move's page (its confirmation ticked) leaves the tenant where it
+/// was, with its rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_signs_in_and_aborts_a_move_from_its_page() {
+    use fantoccini::Locator;
+
+    let t = Topology::start("console-browser-abort").await;
+    let move_id = stopped_move(&t, "x1").await;
+    let (console, _audit) = console_with_actions(&t).await;
+    let browser = Browser::start().await;
+    let c = &browser.client;
+    let page = format!("http://{}/moves/{move_id}", console.addr);
+    c.goto(&page).await.unwrap();
+    assert_eq!(
+        c.title().await.unwrap(),
+        "Sign in · shard_directory",
+        "no token: refused"
+    );
+    assert!(
+        c.find(Locator::Css(".phase")).await.is_err(),
+        "nothing of the move shown"
+    );
+    c.find(Locator::Css("input[name='token']"))
+        .await
+        .unwrap()
+        .send_keys(TOKEN)
+        .await
+        .unwrap();
+    c.find(Locator::Css("form[action$='/login'] button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let signed_in = c
+        .wait()
+        .at_most(Duration::from_secs(30))
+        .for_element(Locator::Css("#shards"))
+        .await;
+    if signed_in.is_err() {
+        panic!(
+            "signed in: the fleet; the page: {}",
+            c.source().await.unwrap()
+        );
+    }
+    c.goto(&page).await.unwrap();
+    c.find(Locator::Css("a.action[href$='/abort']"))
+        .await
+        .expect("an abort offered")
+        .click()
+        .await
+        .unwrap();
+    c.find(Locator::Css("input[name='confirm']"))
+        .await
+        .expect("a confirmation to tick")
+        .click()
+        .await
+        .unwrap();
+    c.find(Locator::Css("button.action"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    shard_directory_e2e::eventually(
+        "the page to say aborted",
+        Duration::from_secs(60),
+        || async {
+            c.goto(&page).await.ok()?;
+            let phase = c
+                .find(Locator::Css("dd.phase"))
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()?;
+            (phase == "aborted").then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        t.entry("tenant", "x1").await.0,
+        "shard_1",
+        "the tenant where it was"
+    );
+    assert_eq!(
+        t.rows("shard_1", "x1").await,
+        (3000, 6000),
+        "its rows where they were"
+    );
+    assert_eq!(t.rows("shard_2", "x1").await, (0, 0));
+    browser.client.clone().close().await.unwrap();
+}

@@ -1,25 +1,33 @@
-//! `console`: a web console over the directory, read-only. It shows the fleet (each shard's
+//! `console`: a web console over the directory. It shows the fleet (each shard's
 //! entities, rows, bytes and load, drawn as bars), each move live (its phase, progress per table,
 //! rate and ETA, pushed to the page as server-sent events), and a tenant's place and history
 //! ("where was it in March"). Each page reads through the same library calls as the CLI
-//! commands. A GET changes nothing.
+//! commands. A GET changes nothing. Read-only unless started with `--allow-actions`, which
+//! needs `--token-file`.
 //!
 //! - `live`: the one directory session (LISTEN and the moves' reads), shared by every watcher;
-//! - `pages`: the HTML, rendered on the server, with `console.css` and `console.js` embedded.
+//! - `pages`: the HTML, rendered on the server, with `console.css` and `console.js` embedded;
+//! - `auth`: `--token-file`'s users, their login and the forms' CSRF tokens;
+//! - `actions`: what `--allow-actions` serves (a move's abort, resume, revert, finalize; a
+//!   batch's pause, resume, abort), each confirmed by a form and recorded.
 
+mod actions;
+mod auth;
 mod live;
 mod pages;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use axum::extract::{MatchedPath, Path, Query, Request, State};
-use axum::http::{header, StatusCode};
+use axum::extract::{Form, MatchedPath, Path, Query, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
+use axum::Extension;
 use axum::Router;
 use futures_util::Stream;
 use maud::Markup;
@@ -39,6 +47,18 @@ pub struct ConsoleArgs {
     /// The path the console is served under, behind a reverse proxy (e.g. /console).
     #[arg(long, default_value = "", value_parser = base_path)]
     base_path: String,
+    /// Users and their tokens, a `name:token` line each (tokens of 16 characters or more):
+    /// every page then asks for one (a login form, or `Authorization: Bearer <token>`).
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// Serve the actions: abort, resume, revert and finalize a move; pause, resume and abort a
+    /// batch. Needs --token-file.
+    #[arg(long, requires = "token_file")]
+    allow_actions: bool,
+    /// Append every action (who, when, what, how it ended) to this file, a JSON line each; it
+    /// is also logged to stderr and listed at /actions.
+    #[arg(long, value_name = "FILE")]
+    audit_log: Option<PathBuf>,
 }
 
 fn base_path(s: &str) -> Result<String, String> {
@@ -53,11 +73,18 @@ fn base_path(s: &str) -> Result<String, String> {
 }
 
 struct Console {
-    mover: Mover,
+    mover: Arc<Mover>,
     live: Live,
     base: String,
     metrics: PrometheusHandle,
+    users: Option<auth::Users>,
+    actions: bool,
+    audit: Arc<actions::Audit>,
 }
+
+/// The user a request was authenticated as (with `--token-file`).
+#[derive(Clone)]
+struct User(String);
 
 type Shared = State<Arc<Console>>;
 
@@ -73,11 +100,19 @@ pub async fn console(
         ))
     })?;
     let base = args.base_path;
+    let users = match &args.token_file {
+        Some(path) => Some(auth::Users::load(path).map_err(Outcome::Usage)?),
+        None => None,
+    };
+    let audit = actions::Audit::open(args.audit_log.as_ref()).map_err(Outcome::Usage)?;
     let console = Arc::new(Console {
-        mover,
+        mover: Arc::new(mover),
         live: Live::start(with_password(directory)),
         base: base.clone(),
         metrics,
+        users,
+        actions: args.allow_actions,
+        audit: Arc::new(audit),
     });
     let at = |path: &str| format!("{base}{path}");
     let mut routes = Router::new()
@@ -88,8 +123,22 @@ pub async fn console(
         .route(&at("/tenants/{entity_type}/{entity_id}"), get(tenant))
         .route(&at("/events"), get(events))
         .route(&at("/metrics"), get(prometheus))
+        .route(&at("/batches/{batch_id}"), get(batch))
+        .route(&at("/actions"), get(recorded))
+        .route(&at("/login"), get(login_form).post(login))
         .route(&at("/assets/console.css"), get(css))
         .route(&at("/assets/console.js"), get(js));
+    if args.allow_actions {
+        routes = routes
+            .route(
+                &at("/moves/{move_id}/{action}"),
+                get(confirm_move).post(act_on_move),
+            )
+            .route(
+                &at("/batches/{batch_id}/{action}"),
+                get(confirm_batch).post(act_on_batch),
+            );
+    }
     if !base.is_empty() {
         let home = at("/");
         routes = routes.route(
@@ -98,6 +147,10 @@ pub async fn console(
         );
     }
     let app = routes
+        .layer(middleware::from_fn_with_state(
+            console.clone(),
+            authenticated,
+        ))
         .layer(middleware::from_fn(counted))
         .with_state(console);
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -238,7 +291,7 @@ async fn moves(State(c): Shared, Query(q): Query<MovesQuery>) -> Response {
 
 async fn move_detail(State(c): Shared, Path(move_id): Path<i64>) -> Response {
     let made = c.mover.status_detail(move_id).await;
-    let made = made.map(|s| pages::move_detail(&c.base, &s));
+    let made = made.map(|s| pages::move_detail(&c.base, &s, c.actions));
     answer(&c, &format!("Move {move_id}"), made)
 }
 
@@ -352,5 +405,219 @@ async fn js() -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
         js,
+    )
+}
+
+/// With `--token-file`: every request but the login form and the assets is a user's, or 401.
+async fn authenticated(State(c): Shared, mut request: Request, next: Next) -> Response {
+    let Some(users) = &c.users else {
+        return next.run(request).await;
+    };
+    let path = request.uri().path();
+    let open =
+        path == format!("{}/login", c.base) || path.starts_with(&format!("{}/assets/", c.base));
+    match users.of(request.headers()) {
+        Some(user) => {
+            request.extensions_mut().insert(User(user));
+            next.run(request).await
+        }
+        None if open => next.run(request).await,
+        None => (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            pages::login(&c.base, Some("Sign in with your console token.")),
+        )
+            .into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+struct Login {
+    token: String,
+}
+
+async fn login_form(State(c): Shared) -> Markup {
+    pages::login(&c.base, None)
+}
+
+/// The login form's POST: the token in a cookie (HttpOnly, SameSite=Strict) under the base path.
+async fn login(State(c): Shared, Form(f): Form<Login>) -> Response {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        header::AUTHORIZATION,
+        format!("Bearer {}", f.token)
+            .parse()
+            .unwrap_or(header::HeaderValue::from_static("")),
+    );
+    let known = c.users.as_ref().and_then(|u| u.of(&headers));
+    if known.is_none() {
+        return (
+            StatusCode::UNAUTHORIZED,
+            pages::login(&c.base, Some("Unknown token.")),
+        )
+            .into_response();
+    }
+    let path = if c.base.is_empty() {
+        "/"
+    } else {
+        c.base.as_str()
+    };
+    let cookie = format!(
+        "{}={}; Path={path}; HttpOnly; SameSite=Strict",
+        auth::COOKIE,
+        f.token
+    );
+    (
+        [(header::SET_COOKIE, cookie)],
+        Redirect::to(&format!("{}/", c.base)),
+    )
+        .into_response()
+}
+
+async fn batch(State(c): Shared, Path(batch_id): Path<i64>) -> Response {
+    let made = c.mover.batch_status(batch_id).await;
+    let made = made.map(|b| pages::batch(&c.base, &b, c.actions));
+    answer(&c, &format!("Batch {batch_id}"), made)
+}
+
+async fn recorded(State(c): Shared) -> Response {
+    let body = if c.actions {
+        actions::page(&c.audit.recent())
+    } else {
+        maud::html! { p.none { "This console is read-only (no --allow-actions)." } }
+    };
+    answer(&c, "Actions", Ok(body))
+}
+
+/// The action named in a path, if it is one `target` takes; 404 otherwise.
+fn action_of(
+    c: &Console,
+    name: &str,
+    target: &actions::Target,
+) -> Result<actions::Action, Response> {
+    actions::Action::parse(name)
+        .filter(|a| target.takes(*a))
+        .ok_or_else(|| {
+            let message = format!("{name}: not an action of {target}");
+            (
+                StatusCode::NOT_FOUND,
+                pages::error(&c.base, "Action", &message),
+            )
+                .into_response()
+        })
+}
+
+fn confirm(c: &Console, user: &User, target: actions::Target, name: &str) -> Response {
+    let action = match action_of(c, name, &target) {
+        Ok(a) => a,
+        Err(r) => return r,
+    };
+    let csrf = c
+        .users
+        .as_ref()
+        .map(|u| u.csrf(&user.0))
+        .unwrap_or_default();
+    let title = format!("{} {target}", action.as_str());
+    answer(
+        c,
+        &title,
+        Ok(actions::confirm(&c.base, action, &target, &csrf)),
+    )
+}
+
+async fn confirm_move(
+    State(c): Shared,
+    Extension(user): Extension<User>,
+    Path((id, name)): Path<(i64, String)>,
+) -> Response {
+    confirm(&c, &user, actions::Target::Move(id), &name)
+}
+
+async fn confirm_batch(
+    State(c): Shared,
+    Extension(user): Extension<User>,
+    Path((id, name)): Path<(i64, String)>,
+) -> Response {
+    confirm(&c, &user, actions::Target::Batch(id), &name)
+}
+
+#[derive(Deserialize)]
+struct Asked {
+    csrf: String,
+    confirm: Option<String>,
+}
+
+/// A confirmation form's POST: checked (CSRF, same origin, confirmed), started, recorded; the
+/// answer is the page to follow it on.
+fn act(
+    c: &Console,
+    user: &User,
+    headers: &HeaderMap,
+    target: actions::Target,
+    name: &str,
+    asked: Asked,
+) -> Response {
+    let action = match action_of(c, name, &target) {
+        Ok(a) => a,
+        Err(r) => return r,
+    };
+    let ours = c
+        .users
+        .as_ref()
+        .is_some_and(|u| u.form_is_ours(&user.0, &asked.csrf, headers));
+    if !ours {
+        let message =
+            "the form is not this console's (CSRF token or origin): reload the page and ask again";
+        return (
+            StatusCode::FORBIDDEN,
+            pages::error(&c.base, "Action", message),
+        )
+            .into_response();
+    }
+    if action.destructive() && asked.confirm.as_deref() != Some("yes") {
+        let message = format!(
+            "{} {target} needs its confirmation box ticked",
+            action.as_str()
+        );
+        return (
+            StatusCode::BAD_REQUEST,
+            pages::error(&c.base, "Action", &message),
+        )
+            .into_response();
+    }
+    actions::start(
+        c.mover.clone(),
+        c.audit.clone(),
+        user.0.clone(),
+        action,
+        target,
+    );
+    Redirect::to(&target.page(&c.base)).into_response()
+}
+
+async fn act_on_move(
+    State(c): Shared,
+    Extension(user): Extension<User>,
+    headers: HeaderMap,
+    Path((id, name)): Path<(i64, String)>,
+    Form(asked): Form<Asked>,
+) -> Response {
+    act(&c, &user, &headers, actions::Target::Move(id), &name, asked)
+}
+
+async fn act_on_batch(
+    State(c): Shared,
+    Extension(user): Extension<User>,
+    headers: HeaderMap,
+    Path((id, name)): Path<(i64, String)>,
+    Form(asked): Form<Asked>,
+) -> Response {
+    act(
+        &c,
+        &user,
+        &headers,
+        actions::Target::Batch(id),
+        &name,
+        asked,
     )
 }

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 
 use maud::{html, Markup, DOCTYPE};
 use shard_directory_mover::{
-    BatchPlan, Fleet, HistoryRow, MoveRecord, MoveStatus, Placement, Weigh,
+    BatchPlan, BatchState, BatchStatus, Fleet, HistoryRow, MoveRecord, MoveStatus, Phase,
+    Placement, Weigh,
 };
 use shard_directory_protocol::EntityKey;
 
@@ -29,6 +30,7 @@ pub fn page(base: &str, title: &str, body: Markup) -> Markup {
                 nav {
                     a href={ (base) "/" } { "Fleet" }
                     a href={ (base) "/moves" } { "Moves" }
+                    a href={ (base) "/actions" } { "Actions" }
                     form action={ (base) "/tenant" } method="get" {
                         input name="entity_type" value="tenant" size="8" aria-label="entity type";
                         input name="entity_id" placeholder="entity id" size="12" aria-label="entity id";
@@ -353,10 +355,36 @@ fn eta(m: &MoveRecord) -> String {
         .unwrap_or_default()
 }
 
-/// One move: its record, per table, the process driving it and its slot.
-pub fn move_detail(base: &str, s: &MoveStatus) -> Markup {
+/// The actions a move in `phase` takes (with `--allow-actions`): links to their confirmation.
+fn move_actions(base: &str, m: &MoveRecord) -> Markup {
+    let phase = m.phase;
+    let mut offered = Vec::new();
+    if phase.can_abort() && !phase.is_finished() {
+        offered.push("abort");
+    }
+    if !phase.is_finished() && phase != Phase::Reversible {
+        offered.push("resume");
+    }
+    if phase == Phase::Reversible {
+        offered.extend(["revert", "finalize"]);
+    }
+    html! {
+        @if !offered.is_empty() {
+            p.actions {
+                @for a in offered {
+                    a.action href={ (base) "/moves/" (m.move_id) "/" (a) } { (a) } " "
+                }
+            }
+        }
+    }
+}
+
+/// One move: its record, per table, the process driving it and its slot; with `actions`, what
+/// may be asked of it.
+pub fn move_detail(base: &str, s: &MoveStatus, actions: bool) -> Markup {
     let m = &s.record;
     html! {
+        @if actions { (move_actions(base, m)) }
         dl {
             dt { "entity" } dd { (tenant_link(base, &m.entity())) }
             dt { "from → to" } dd { (m.source_shard) " → " (m.target_shard) }
@@ -439,6 +467,59 @@ pub fn tenant(
         h2 { "Moves" }
         (moves_rows(base, moves, "It was never moved."))
     }
+}
+
+/// A batch: its plan's purpose, state and each planned move's phase; with `actions`, what may
+/// be asked of it.
+pub fn batch(base: &str, b: &BatchStatus, actions: bool) -> Markup {
+    let offered: &[&str] = match b.state {
+        BatchState::Running => &["pause", "abort"],
+        BatchState::Paused => &["resume", "abort"],
+        _ => &[],
+    };
+    html! {
+        @if actions && !offered.is_empty() {
+            p.actions {
+                @for a in offered {
+                    a.action href={ (base) "/batches/" (b.batch_id) "/" (a) } { (a) } " "
+                }
+            }
+        }
+        dl {
+            dt { "plan" } dd { (b.purpose) }
+            dt { "state" } dd.state { (b.state.as_str()) }
+            dt { "at once" } dd { (b.parallel) " (" (b.per_shard) " per shard)" }
+            dt { "started" } dd { (time(&b.started_at)) " by " (b.started_by) }
+        }
+        table.batch {
+            thead { tr { th { "entity" } th { "from" } th { "to" } th { "move" } th { "phase" } } }
+            tbody {
+                @for m in &b.moves {
+                    tr {
+                        td { (m.planned.entity_type) "/" (m.planned.entity_id) }
+                        td { (m.planned.from) } td { (m.planned.to) }
+                        td { @if let Some(id) = m.move_id { a href={ (base) "/moves/" (id) } { (id) } } }
+                        td { (m.phase) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The login form (with `--token-file`): the token goes into a cookie of this console's.
+pub fn login(base: &str, message: Option<&str>) -> Markup {
+    page(
+        base,
+        "Sign in",
+        html! {
+            @if let Some(m) = message { p.error { (m) } }
+            form method="post" action={ (base) "/login" } {
+                label { "Token " input type="password" name="token" autocomplete="current-password" required; }
+                " " button { "Sign in" }
+            }
+        },
+    )
 }
 
 /// A page for an error: what went wrong, in the server's words.
