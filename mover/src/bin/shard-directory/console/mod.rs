@@ -489,28 +489,25 @@ async fn recorded(State(c): Shared) -> Response {
     answer(&c, "Actions", Ok(body))
 }
 
-/// The action named in a path, if it is one `target` takes; 404 otherwise.
+/// The action named in a path, if it is one `target` takes; a 404 page otherwise.
 fn action_of(
     c: &Console,
     name: &str,
     target: &actions::Target,
-) -> Result<actions::Action, Response> {
+) -> Result<actions::Action, Box<Response>> {
     actions::Action::parse(name)
         .filter(|a| target.takes(*a))
         .ok_or_else(|| {
             let message = format!("{name}: not an action of {target}");
-            (
-                StatusCode::NOT_FOUND,
-                pages::error(&c.base, "Action", &message),
-            )
-                .into_response()
+            let page = pages::error(&c.base, "Action", &message);
+            Box::new((StatusCode::NOT_FOUND, page).into_response())
         })
 }
 
 fn confirm(c: &Console, user: &User, target: actions::Target, name: &str) -> Response {
     let action = match action_of(c, name, &target) {
         Ok(a) => a,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let csrf = c
         .users
@@ -559,7 +556,7 @@ fn act(
 ) -> Response {
     let action = match action_of(c, name, &target) {
         Ok(a) => a,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let ours = c
         .users
