@@ -154,6 +154,16 @@ impl Mover {
     /// options when that grows with its size (`planning/budget.rs`): what `drain`, `split` and
     /// `rebalance` plan from.
     pub async fn fleet(&self, load: bool) -> Result<Fleet, Error> {
+        self.fleet_kept(load, true).await
+    }
+
+    /// [`Mover::fleet`] changing nothing: sizes measured now are not kept in the directory (the
+    /// console's look, which a role without write access to `shard_sizes` may take).
+    pub async fn fleet_as_seen(&self, load: bool) -> Result<Fleet, Error> {
+        self.fleet_kept(load, false).await
+    }
+
+    async fn fleet_kept(&self, load: bool, keep: bool) -> Result<Fleet, Error> {
         let directory = self.connect_directory(None).await?;
         let shards: Vec<ShardInfo> = directory
             .query(
@@ -194,7 +204,7 @@ impl Mover {
             types.dedup();
             let side = self.connect_shard(&directory, &shard).await?;
             let keys: Vec<_> = placed.iter().map(|p| p.key.clone()).collect();
-            let max_age = self.options.sizes_max_age;
+            let max_age = (self.options.sizes_max_age, keep);
             let of_shard = (keys.as_slice(), types.as_slice());
             let (sizes, age) =
                 sizes::weighed(&directory, (&side.client, &shard), of_shard, load, max_age).await?;

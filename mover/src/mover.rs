@@ -649,14 +649,13 @@ impl Mover {
             .await
     }
 
-    /// [`Mover::list`] on a directory session the caller holds (the console reads every
-    /// change on its one session).
-    pub async fn list_on(
+    /// Every open move, and every move finished at or after `since`, on a directory session the
+    /// caller holds (the console reads them on every change, on its one session).
+    pub async fn open_or_finished_since(
         directory: &Client,
-        open_only: bool,
-        since: Option<&str>,
+        since: &str,
     ) -> Result<Vec<MoveRecord>, Error> {
-        record::list(directory, open_only, since)
+        record::open_or_finished_since(directory, since)
             .await
             .at(Step::Record, Place::Directory)
     }

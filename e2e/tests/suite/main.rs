@@ -8,6 +8,7 @@ mod client_faults;
 mod client_invalidation;
 mod client_routing;
 mod console;
+mod console_edges;
 mod directory;
 mod drills;
 mod dump;

@@ -201,6 +201,24 @@ pub(crate) async fn list(
         .collect())
 }
 
+/// Every open move, and every move finished at or after `since` (any timestamptz input),
+/// newest first.
+pub(crate) async fn open_or_finished_since(
+    c: &impl GenericClient,
+    since: &str,
+) -> Result<Vec<MoveRecord>, tokio_postgres::Error> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM shard_directory.shard_moves \
+         WHERE finished_at IS NULL OR finished_at >= $1::text::timestamptz \
+         ORDER BY move_id DESC"
+    );
+    Ok(c.query(&sql, &[&since])
+        .await?
+        .iter()
+        .map(MoveRecord::from_row)
+        .collect())
+}
+
 /// What a new record says.
 pub(crate) struct NewMove<'a> {
     pub entity: &'a shard_directory_protocol::EntityKey,

@@ -65,15 +65,22 @@ type Kept = BTreeMap<String, BTreeMap<String, (i64, i64)>>;
 
 /// The sizes of `placed`, the entities of `entity_types` the directory places on `shard` (with
 /// `load`, their load too), and how old they are when read from the directory (`None`: measured
-/// now).
+/// now). With `keep`, sizes measured now are kept in the directory for the next plan; without
+/// it (a look that must change nothing) they are not, and kept sizes that cannot be read are
+/// measured.
 pub(crate) async fn weighed(
     directory: &Client,
     (client, shard): (&Client, &str),
     (placed, entity_types): (&[EntityKey], &[String]),
     load: bool,
-    max_age: Duration,
+    (max_age, keep_them): (Duration, bool),
 ) -> Result<(BTreeMap<EntityKey, Size>, Option<Duration>), Error> {
-    let (mut sizes, age) = match kept(directory, shard, placed, max_age).await? {
+    let kept = match kept(directory, shard, placed, max_age).await {
+        Ok(k) => k,
+        Err(e) if keep_them => return Err(e),
+        Err(_) => None,
+    };
+    let (mut sizes, age) = match kept {
         Some((sizes, age)) => (sizes, Some(age)),
         None => {
             let measured = measured(client, shard, entity_types).await?;
@@ -81,7 +88,9 @@ pub(crate) async fn weighed(
                 .iter()
                 .map(|k| (k.clone(), measured.get(k).copied().unwrap_or_default()))
                 .collect();
-            keep(directory, shard, &sizes).await?;
+            if keep_them {
+                keep(directory, shard, &sizes).await?;
+            }
             (sizes, None)
         }
     };

@@ -17,6 +17,10 @@ pub const APPLICATION_NAME: &str = "shard-directory console";
 /// How long the moves finished recently stay on the live list.
 const RECENT: Duration = Duration::from_secs(3600);
 
+/// How long one read of the moves may take before the session is taken for lost (a directory
+/// that accepts connections and answers nothing).
+const READ_WITHIN: Duration = Duration::from_secs(10);
+
 /// What the moves were at one read.
 #[derive(Default)]
 pub struct Snapshot {
@@ -47,7 +51,7 @@ impl Live {
         tokio::spawn(async move {
             let mut failures = 0u32;
             loop {
-                let ended = session(&directory, &tx).await;
+                let ended = session(&directory, &tx, &mut failures).await;
                 metrics::gauge!("shard_directory_console_listening").set(0.0);
                 tracing::warn!(error = %ended, "the console's directory session ended");
                 tx.send_modify(|s| {
@@ -77,15 +81,23 @@ impl Live {
 
 /// One session: LISTEN, read, and read again on each notification (and each second while a
 /// move is open); returns why it ended.
-async fn session(directory: &tokio_postgres::Config, tx: &watch::Sender<Arc<Snapshot>>) -> String {
-    let (client, mut notifications) = match connect_listening(directory, APPLICATION_NAME).await {
-        Ok(c) => c,
-        Err(ConnectError::Tls(why)) => return format!("configuration: {why}"),
-        Err(ConnectError::Db(e)) => return format!("connect: directory: {}", describe(&e)),
+async fn session(
+    directory: &tokio_postgres::Config,
+    tx: &watch::Sender<Arc<Snapshot>>,
+    failures: &mut u32,
+) -> String {
+    let connecting = connect_listening(directory, APPLICATION_NAME);
+    let (client, mut notifications) = match tokio::time::timeout(READ_WITHIN, connecting).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(ConnectError::Tls(why))) => return format!("configuration: {why}"),
+        Ok(Err(ConnectError::Db(e))) => return format!("connect: directory: {}", describe(&e)),
+        Err(_) => return format!("connect: directory: no answer within {READ_WITHIN:?}"),
     };
     let listen = format!("LISTEN {}", MOVES_CHANNEL.as_str());
-    if let Err(e) = client.batch_execute(&listen).await {
-        return format!("LISTEN: {}", describe(&e));
+    match tokio::time::timeout(READ_WITHIN, client.batch_execute(&listen)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return format!("LISTEN: {}", describe(&e)),
+        Err(_) => return format!("LISTEN: no answer within {READ_WITHIN:?}"),
     }
     metrics::gauge!("shard_directory_console_listening").set(1.0);
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -94,10 +106,14 @@ async fn session(directory: &tokio_postgres::Config, tx: &watch::Sender<Arc<Snap
     loop {
         if any_open {
             let since = humantime::format_rfc3339_seconds(SystemTime::now() - RECENT).to_string();
-            let moves = match Mover::list_on(&client, false, Some(&since)).await {
-                Ok(m) => m,
-                Err(e) => return format!("read the moves: {e}"),
+            let read = Mover::open_or_finished_since(&client, &since);
+            let moves = match tokio::time::timeout(READ_WITHIN, read).await {
+                Ok(Ok(m)) => m,
+                Ok(Err(e)) => return format!("read the moves: {e}"),
+                Err(_) => return format!("read the moves: no answer within {READ_WITHIN:?}"),
             };
+            // A session that reads again waits no longer for the next failure.
+            *failures = 0;
             metrics::counter!("shard_directory_console_reads_total").increment(1);
             let open_only = moves.iter().filter(|m| m.finished_at.is_none()).count();
             tx.send_replace(Arc::new(Snapshot {

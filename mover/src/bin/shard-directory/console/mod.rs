@@ -17,9 +17,11 @@ mod live;
 mod pages;
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{Form, MatchedPath, Path, Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -66,8 +68,21 @@ fn base_path(s: &str) -> Result<String, String> {
     if trimmed.is_empty() {
         return Ok(String::new());
     }
-    if !trimmed.starts_with('/') || trimmed.contains(['?', '#', '{', '}', '*']) {
+    // Segments of letters, digits and `-._~`: a path that needs no percent-encoding, which the
+    // router matches as written.
+    let plain = |seg: &str| {
+        !seg.is_empty()
+            && seg
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-._~".contains(&b))
+    };
+    let Some(rest) = trimmed.strip_prefix('/') else {
         return Err(format!("{s}: a path such as /console"));
+    };
+    if !rest.split('/').all(plain) {
+        return Err(format!(
+            "{s}: a path such as /console, of letters, digits and -._~ between its slashes"
+        ));
     }
     Ok(trimmed.to_owned())
 }
@@ -177,19 +192,56 @@ async fn counted(path: Option<MatchedPath>, request: Request, next: Next) -> Res
     response
 }
 
-/// A page, or an error page with the status that says why.
-fn answer(c: &Console, title: &str, made: Result<Markup, Error>) -> Response {
-    match made {
-        Ok(body) => pages::page(&c.base, title, body).into_response(),
-        Err(e) => {
-            let status = match e {
+/// Why a page could not be made.
+enum Problem {
+    Mover(Error),
+    /// The directory or a shard did not answer in time.
+    Slow,
+}
+
+impl From<Error> for Problem {
+    fn from(e: Error) -> Problem {
+        Problem::Mover(e)
+    }
+}
+
+/// How long a page may wait for the directory and the shards: a server that accepts connections
+/// and answers nothing gets an error page, not a request that never ends.
+const PAGE_WITHIN: Duration = Duration::from_secs(20);
+
+/// `read`, within [`PAGE_WITHIN`].
+async fn within<T>(read: impl Future<Output = Result<T, Error>>) -> Result<T, Problem> {
+    match tokio::time::timeout(PAGE_WITHIN, read).await {
+        Ok(read) => Ok(read?),
+        Err(_) => Err(Problem::Slow),
+    }
+}
+
+/// A page, or an error page with the status that says why: 404 an unknown move, 400 input the
+/// server refused (SQLSTATE class 22: a time that is not one, a NUL), 504 no answer in time,
+/// 502 any other failure of the directory or a shard.
+fn answer(c: &Console, title: &str, made: Result<Markup, Problem>) -> Response {
+    let (status, message) = match made {
+        Ok(body) => return pages::page(&c.base, title, body).into_response(),
+        Err(Problem::Slow) => (
+            StatusCode::GATEWAY_TIMEOUT,
+            format!("the directory or a shard did not answer within {PAGE_WITHIN:?}"),
+        ),
+        Err(Problem::Mover(e)) => {
+            let status = match &e {
                 Error::UnknownMove(_) => StatusCode::NOT_FOUND,
                 Error::Config(_) => StatusCode::BAD_REQUEST,
+                Error::Db { source, .. }
+                    if source.code().is_some_and(|c| c.code().starts_with("22")) =>
+                {
+                    StatusCode::BAD_REQUEST
+                }
                 _ => StatusCode::BAD_GATEWAY,
             };
-            (status, pages::error(&c.base, title, &e.to_string())).into_response()
+            (status, e.to_string())
         }
-    }
+    };
+    (status, pages::error(&c.base, title, &message)).into_response()
 }
 
 #[derive(Deserialize)]
@@ -211,6 +263,30 @@ impl FleetQuery {
             Some("rows") => Ok(Weigh::Rows),
             Some("load") => Ok(Weigh::Load),
             Some(other) => Err(format!("by={other}: bytes, rows or load")),
+        }
+    }
+
+    /// The CLI command that plans (and with `--apply` runs) the plan asked, its settings all
+    /// given.
+    fn command(&self, by: Weigh) -> String {
+        let shard = self.shard.as_deref().unwrap_or_default();
+        let to = self
+            .to
+            .as_deref()
+            .map(|t| format!(" --to {t}"))
+            .unwrap_or_default();
+        let by = pages::weigh_name(by);
+        match self.plan.as_deref() {
+            Some("drain") => format!("shard-directory drain {shard}{to} --by {by} --apply"),
+            Some("split") => format!(
+                "shard-directory split {shard}{to} --fraction {} --by {by} --apply",
+                self.fraction.unwrap_or(0.5)
+            ),
+            _ => format!(
+                "shard-directory rebalance --tolerance {} --max-moves {} --by {by} --apply",
+                self.tolerance.unwrap_or(0.1),
+                self.max_moves.unwrap_or(100)
+            ),
         }
     }
 
@@ -255,10 +331,12 @@ async fn fleet(State(c): Shared, Query(q): Query<FleetQuery>) -> Response {
         Ok(by) => by,
         Err(message) => return bad(message),
     };
-    // A shard of extension 0.1.0 has no entity_stats(): the fleet without load, then.
-    let fleet = match c.mover.fleet(true).await {
+    // A shard of extension 0.1.0 has no entity_stats(): the fleet without load, then. Sizes
+    // measured now are not kept (a GET changes nothing).
+    let fleet = match within(c.mover.fleet_as_seen(true)).await {
         Ok(f) => f,
-        Err(_) => match c.mover.fleet(false).await {
+        Err(Problem::Slow) => return answer(&c, "Fleet", Err(Problem::Slow)),
+        Err(_) => match within(c.mover.fleet_as_seen(false)).await {
             Ok(f) => f,
             Err(e) => return answer(&c, "Fleet", Err(e)),
         },
@@ -269,7 +347,7 @@ async fn fleet(State(c): Shared, Query(q): Query<FleetQuery>) -> Response {
     };
     let body = maud::html! {
         (pages::fleet(&c.base, &fleet, by, &c.live.now()))
-        (pages::plans(&c.base, &fleet, by, plan.as_ref()))
+        (pages::plans(&c.base, &fleet, by, plan.as_ref().map(|p| (p, q.command(by)))))
     };
     answer(&c, "Fleet", Ok(body))
 }
@@ -281,7 +359,7 @@ struct MovesQuery {
 
 async fn moves(State(c): Shared, Query(q): Query<MovesQuery>) -> Response {
     if q.all.is_some() {
-        let made = c.mover.list(false, None).await;
+        let made = within(c.mover.list(false, None)).await;
         let made = made.map(|m| pages::moves_rows(&c.base, &m, "No move was ever made."));
         return answer(&c, "Every move", made);
     }
@@ -290,7 +368,7 @@ async fn moves(State(c): Shared, Query(q): Query<MovesQuery>) -> Response {
 }
 
 async fn move_detail(State(c): Shared, Path(move_id): Path<i64>) -> Response {
-    let made = c.mover.status_detail(move_id).await;
+    let made = within(c.mover.status_detail(move_id)).await;
     let made = made.map(|s| pages::move_detail(&c.base, &s, c.actions));
     answer(&c, &format!("Move {move_id}"), made)
 }
@@ -347,7 +425,7 @@ async fn tenant(
             &moves,
         ))
     };
-    answer(&c, &title, made.await)
+    answer(&c, &title, within(made).await)
 }
 
 /// The moves list, sent again on every change (the first at once), as server-sent events.
@@ -475,7 +553,7 @@ async fn login(State(c): Shared, Form(f): Form<Login>) -> Response {
 }
 
 async fn batch(State(c): Shared, Path(batch_id): Path<i64>) -> Response {
-    let made = c.mover.batch_status(batch_id).await;
+    let made = within(c.mover.batch_status(batch_id)).await;
     let made = made.map(|b| pages::batch(&c.base, &b, c.actions));
     answer(&c, &format!("Batch {batch_id}"), made)
 }

@@ -148,6 +148,13 @@ pub fn fleet(base: &str, fleet: &Fleet, by: Weigh, live: &Snapshot) -> Markup {
                 " "
             }
         }
+        p.note {
+            "Entities, rows, bytes and load are those of active entries (what the planners weigh); "
+            "an entity being moved is counted among its shards' open moves."
+            @for (shard, age) in &fleet.sizes_kept {
+                " " (shard) ": rows and bytes as measured " (humantime::format_duration(std::time::Duration::from_secs(age.as_secs()))) " ago."
+            }
+        }
         table #shards {
             thead { tr {
                 th { "shard" } th { "region" } th { "entities" } th { "rows" } th { "bytes" }
@@ -175,7 +182,7 @@ pub fn fleet(base: &str, fleet: &Fleet, by: Weigh, live: &Snapshot) -> Markup {
 /// The forms that ask the planners what a drain, a split or a rebalance would move (a GET:
 /// nothing is planned for real, nothing runs), and the answer to the one asked: each shard
 /// before and after, and the moves.
-pub fn plans(base: &str, fleet: &Fleet, by: Weigh, asked: Option<&BatchPlan>) -> Markup {
+pub fn plans(base: &str, fleet: &Fleet, by: Weigh, asked: Option<(&BatchPlan, String)>) -> Markup {
     let shards: Vec<&str> = fleet.shards.iter().map(|s| s.name.as_str()).collect();
     let by = weigh_name(by);
     html! {
@@ -201,8 +208,8 @@ pub fn plans(base: &str, fleet: &Fleet, by: Weigh, asked: Option<&BatchPlan>) ->
                 button { "Plan" }
             }
         }
-        @if let Some(plan) = asked {
-            (plan_answer(plan))
+        @if let Some((plan, command)) = asked {
+            (plan_answer(plan, &command))
         }
     }
 }
@@ -215,7 +222,7 @@ fn shard_choice(name: &str, shards: &[&str]) -> Markup {
     }
 }
 
-fn plan_answer(plan: &BatchPlan) -> Markup {
+fn plan_answer(plan: &BatchPlan, command: &str) -> Markup {
     let by = plan.by;
     let heaviest = plan
         .shards
@@ -266,7 +273,7 @@ fn plan_answer(plan: &BatchPlan) -> Markup {
             @if !plan.skipped.is_empty() {
                 p { (plan.skipped.len()) " entities left where they are: their freeze would outlast --max-freeze." }
             }
-            p.hint { "To run it: " code { "shard-directory " (plan.purpose) " --by " (weigh_name(by)) " --apply" } }
+            p.hint { "To run it: " code { (command) } }
         }
     }
 }
@@ -287,7 +294,11 @@ pub fn moves_table(base: &str, live: &Snapshot) -> Markup {
         @if let Some(error) = &live.error {
             p.error { "The console's directory session is down: " (error) ". Showing the last read." }
         }
-        (moves_rows(base, &live.moves, "No move is open, and none finished in the last hour."))
+        @if live.read_at.is_none() {
+            p.none { "The moves have not been read yet." }
+        } @else {
+            (moves_rows(base, &live.moves, "No move is open, and none finished in the last hour."))
+        }
         @if let Some(at) = live.read_at {
             p.read { "Read at " (time(&humantime::format_rfc3339_seconds(at).to_string())) }
         }
