@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from shard_directory import Router, ShardDirectory
 
@@ -110,6 +111,23 @@ def router(fleet: Fleet, directory: ShardDirectory) -> Iterator[Router]:
     """A router over both shards, re-running for at most 2 s."""
     with Router(directory, fleet.shards, deadline=2.0) as r:
         yield r
+
+
+@pytest.fixture
+def engines(fleet: Fleet) -> Iterator[dict[str, Any]]:
+    """An SQLAlchemy engine per shard, its own pool, on psycopg 3."""
+    from sqlalchemy import URL, create_engine
+
+    made = {}
+    for name, conninfo in fleet.shards.items():
+        c = conninfo_to_dict(conninfo)
+        url = URL.create(
+            "postgresql+psycopg", c.get("user"), None, c["host"], int(c["port"]), c["dbname"]
+        )
+        made[name] = create_engine(url)
+    yield made
+    for engine in made.values():
+        engine.dispose()
 
 
 def client_threads() -> int:

@@ -6,8 +6,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 import sqlalchemy
-from psycopg.conninfo import conninfo_to_dict
-from sqlalchemy import URL, Identity, String, create_engine
+from sqlalchemy import Identity, String
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from shard_directory import DirectoryBehind, ShardDirectory
@@ -29,21 +28,6 @@ def deaf(fleet):
     """A client told of nothing after its reads (no LISTEN, an hourly poll)."""
     with ShardDirectory(fleet.directory, listen=False, poll_interval=3600.0) as d:
         yield d
-
-
-@pytest.fixture
-def engines(fleet):
-    """An SQLAlchemy engine per shard, its own pool, on psycopg 3."""
-    made = {}
-    for name, conninfo in fleet.shards.items():
-        c = conninfo_to_dict(conninfo)
-        url = URL.create(
-            "postgresql+psycopg", c.get("user"), None, c["host"], int(c["port"]), c["dbname"]
-        )
-        made[name] = create_engine(url)
-    yield made
-    for engine in made.values():
-        engine.dispose()
 
 
 def test_a_sqlalchemy_session_is_stamped_refused_on_a_stale_route_and_rerun_where_it_moved(

@@ -20,7 +20,6 @@ import sqlalchemy
 from psycopg import IsolationLevel
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import TransactionStatus
-from sqlalchemy import URL, create_engine
 from sqlalchemy.orm import Session
 
 import shard_directory
@@ -634,20 +633,6 @@ def test_async_router_run_refused_at_commit_is_rerun_and_committed_once(
 
 
 # --- 5. attempts ------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def engines(fleet):
-    made = {}
-    for name, conninfo in fleet.shards.items():
-        c = conninfo_to_dict(conninfo)
-        url = URL.create(
-            "postgresql+psycopg", c.get("user"), None, c["host"], int(c["port"]), c["dbname"]
-        )
-        made[name] = create_engine(url)
-    yield made
-    for engine in made.values():
-        engine.dispose()
 
 
 def test_attempts_plain_connection_refused_at_commit_commits_once(

@@ -16,6 +16,13 @@ use shard_directory_mover::{BatchPlan, EntityKey, MethodChoice, MoveOptions};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
+/// What an error page says (its message), or the start of the body.
+fn said(p: &Page) -> String {
+    let message = p.body.split("<p class=\"error\">").nth(1);
+    let message = message.and_then(|s| s.split("</p>").next());
+    message.unwrap_or(&p.body).chars().take(200).collect()
+}
+
 // ---------------------------------------------------------------------------------------------
 // Helpers: raw HTTP with deadlines (the harness's `get` waits 60 s and then panics; a hang is
 // a finding here, so each request says how long it took instead).
@@ -362,17 +369,7 @@ async fn an_at_that_is_not_a_time_is_a_4xx_not_a_502() {
         let path = format!("/tenants/tenant/a1?at={at}");
         match get_within(&console, &path, Duration::from_secs(30)).await {
             Ok(p) if (400..500).contains(&p.status) => {}
-            Ok(p) => bad.push(format!(
-                "?at={at}: {} {}",
-                p.status,
-                p.body
-                    .split("<p class=\"error\">")
-                    .nth(1)
-                    .unwrap_or(&p.body)
-                    .chars()
-                    .take(200)
-                    .collect::<String>()
-            )),
+            Ok(p) => bad.push(format!("?at={at}: {} {}", p.status, said(&p))),
             Err(e) => bad.push(format!("?at={at}: {e}")),
         }
     }
@@ -394,17 +391,7 @@ async fn a_nul_byte_in_an_entity_id_is_a_4xx_not_a_502() {
     ] {
         match get_within(&console, path, Duration::from_secs(30)).await {
             Ok(p) if p.status < 500 => {}
-            Ok(p) => bad.push(format!(
-                "{path}: {} {}",
-                p.status,
-                p.body
-                    .split("<p class=\"error\">")
-                    .nth(1)
-                    .unwrap_or(&p.body)
-                    .chars()
-                    .take(200)
-                    .collect::<String>()
-            )),
+            Ok(p) => bad.push(format!("{path}: {} {}", p.status, said(&p))),
             Err(e) => bad.push(format!("{path}: {e}")),
         }
     }
@@ -1735,15 +1722,7 @@ async fn the_console_as_the_documented_dba_role_serves_every_page() {
     ] {
         match get_within(&console, &path, Duration::from_secs(30)).await {
             Ok(p) if p.status == 200 => {}
-            Ok(p) => bad.push(format!(
-                "{path}: {} {}",
-                p.status,
-                p.body
-                    .split("<p class=\"error\">")
-                    .nth(1)
-                    .and_then(|s| s.split("</p>").next())
-                    .unwrap_or(&p.body)
-            )),
+            Ok(p) => bad.push(format!("{path}: {} {}", p.status, said(&p))),
             Err(e) => bad.push(format!("{path}: {e}")),
         }
     }
