@@ -11,7 +11,7 @@ use crate::Topology;
 
 /// A console process (killed on drop) and where it serves.
 pub struct Console {
-    _process: tokio::process::Child,
+    process: tokio::process::Child,
     /// `host:port`.
     pub addr: String,
     /// The base path it was started with (`/console`, or empty).
@@ -50,10 +50,24 @@ impl Console {
         // Nothing more is printed; the rest of stdout is drained so it never blocks.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         Console {
-            _process: process,
+            process,
             addr,
             base: base.trim_end_matches('/').to_owned(),
         }
+    }
+
+    /// Asks the console to stop (SIGTERM) and waits for it, at most `within`: its exit code,
+    /// `None` if it is still running then.
+    pub async fn stop(mut self, within: Duration) -> Option<i32> {
+        let pid = self.process.id().expect("running").to_string();
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status();
+        assert!(sent.is_ok_and(|s| s.success()), "kill -TERM {pid}");
+        let exited = tokio::time::timeout(within, self.process.wait()).await;
+        exited
+            .ok()
+            .map(|status| status.expect("wait").code().unwrap_or(-1))
     }
 
     /// `GET <base><path>` with `headers` (each `Name: value`).

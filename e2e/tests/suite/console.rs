@@ -670,3 +670,18 @@ async fn a_browser_signs_in_and_aborts_a_move_from_its_page() {
     assert_eq!(t.rows("shard_2", "x1").await, (0, 0));
     browser.client.clone().close().await.unwrap();
 }
+
+/// Asked to stop (SIGTERM) while pages watch the moves, the console stops at once, exit 0: it does
+/// not wait for the pages to close their event streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_stops_when_asked_even_with_pages_watching() {
+    let t = Topology::start("console-stop").await;
+    let console = Console::start(&t, "", &[]).await;
+    let mut watchers = Vec::new();
+    for _ in 0..3 {
+        let mut w = console.watch().await;
+        w.next().await.expect("the list at once");
+        watchers.push(w);
+    }
+    assert_eq!(console.stop(Duration::from_secs(10)).await, Some(0));
+}

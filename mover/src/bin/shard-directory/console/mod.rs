@@ -17,7 +17,7 @@ mod live;
 mod pages;
 
 use std::convert::Infallible;
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -176,10 +176,15 @@ pub async fn console(
         .map_err(|e| Outcome::Failed(1, format!("console: {e}")))?;
     // One line on stdout, for scripts (and the tests) that picked port 0.
     println!("console: http://{bound}{base}/");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(crate::moves::interrupted())
-        .await
-        .map_err(|e| Outcome::Failed(1, format!("console: {e}")))
+    // Stopped at once when asked: a graceful shutdown would wait for every event stream, and
+    // those end only when their pages close. An action under way is left as its CLI command
+    // killed would leave it (resumable).
+    tokio::select! {
+        served = axum::serve(listener, app).into_future() => {
+            served.map_err(|e| Outcome::Failed(1, format!("console: {e}")))
+        }
+        () = crate::moves::interrupted() => Ok(()),
+    }
 }
 
 /// Counts each request by its route.
