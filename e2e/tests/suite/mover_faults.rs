@@ -176,7 +176,9 @@ async fn a_freeze_is_not_held_back_by_a_busy_shards_short_transactions() {
     let record = record.unwrap_or_else(|f| panic!("{f}"));
     assert_eq!(record.phase, Phase::Done);
     assert_eq!(t.rows("shard_2", "a").await, (10, 20));
-    assert!(transactions > 40, "the shard was busy: {transactions}");
+    // Busy: each of the 4 sessions ran a few checked transactions while the move ran (a fast
+    // move on a quiet machine sees about 40; asking for more than 40 failed now and then).
+    assert!(transactions >= 20, "the shard was busy: {transactions}");
 }
 
 /// Opens an idle checked transaction on `shard` when the move reaches `at`; hands it over.
