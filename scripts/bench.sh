@@ -13,6 +13,8 @@
 #   fanout     COMMIT to every one of N client instances (over 4 processes) knowing the version
 #   poll       the read every instance makes per change: the version row vs changes_since()
 #   recovery   a write on a stale route (moved, re-pointed) to its committed retry vs a current one
+#   router     the Rust client's routed one-row transaction vs the same stamped by hand (plain COMMIT,
+#              the router's COMMIT) vs an unstamped one
 #   python     the Python package: a cached lookup vs the guide's dict and the Rust client; a routed
 #              one-row transaction vs the same on a plain psycopg connection
 # No argument runs them all. --quick runs each for a few seconds at smaller sizes (a few minutes
@@ -51,7 +53,7 @@ mkdir -p "bench/$BENCH_RESULTS"
   echo "Command: bash scripts/bench.sh $( [ "$BENCH_RESULTS" = results/quick ] && echo '--quick ')${*:-}"
   echo
 } > "$results"
-for bench in ${@:-check move freeze throttle drain directory churn shared replica lookup fanout poll recovery python}; do
+for bench in ${@:-check move freeze throttle drain directory churn shared replica lookup fanout poll recovery router python}; do
   echo "## $bench" >> "$results"
   echo >> "$results"
   "target/release/bench_$bench" | tee -a "$results"

@@ -115,12 +115,42 @@ pub enum Error {
         /// How long a free connection was waited for.
         after: std::time::Duration,
     },
+    /// The closure returned `Ok`, but the routed transaction was no longer open to commit
+    /// ([`AbortCause`] says why). Not retried: the closure chose to go on.
+    #[error("{entity}: the routed transaction on shard \"{shard}\" {cause}")]
+    Aborted {
+        /// The entity being routed.
+        entity: EntityKey,
+        /// The shard it ran on.
+        shard: String,
+        /// What ended it.
+        cause: AbortCause,
+    },
     /// Any other database error, returned untouched.
     #[error(transparent)]
     Db(#[from] tokio_postgres::Error),
     /// Bad configuration (a pool that cannot be built, ...).
     #[error("configuration: {0}")]
     Config(String),
+}
+
+/// What ended a routed transaction before the router's COMMIT ([`Error::Aborted`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AbortCause {
+    /// An error the closure caught aborted it: PostgreSQL answers COMMIT there with ROLLBACK,
+    /// so nothing was committed.
+    #[error(
+        "was aborted by an error the closure caught; it was rolled back, nothing was committed"
+    )]
+    CaughtError,
+    /// A COMMIT or ROLLBACK statement of the closure's own ended it: what that committed stays,
+    /// and what followed ran outside the routed transaction, unstamped.
+    #[error(
+        "was ended by the closure's own COMMIT or ROLLBACK; what that committed stays, and what \
+         followed ran unstamped"
+    )]
+    EndedByTheClosure,
 }
 
 impl Error {
@@ -157,7 +187,7 @@ impl Error {
             Error::ShardConnection { step, .. } | Error::ShardTimeout { step, .. } => {
                 *step != "commit"
             }
-            Error::DirectoryBehind { .. } => false,
+            Error::DirectoryBehind { .. } | Error::Aborted { .. } => false,
             Error::Db(e) | Error::Directory(e) => transient(e),
             Error::UnknownEntity(_) | Error::UnknownShard { .. } | Error::Config(_) => false,
         }

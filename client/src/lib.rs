@@ -86,7 +86,7 @@ mod watcher;
 pub use directory::FillHook;
 pub use directory::{Directory, DirectoryConfig};
 pub use entry::{EntityKey, Entry, State, UnknownState};
-pub use error::{Error, Result};
+pub use error::{AbortCause, Error, Result};
 pub use metrics::Stats;
 pub use name::Name;
 /// The TLS crate of `DirectoryConfig::tls` and `ShardConfig::tls` (feature `native-tls`).

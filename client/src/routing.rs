@@ -140,10 +140,12 @@ impl Routing {
             self.attempt += 1;
             let (entry, version) = self.directory.route(&self.key).await?;
             if self.waits_out_freeze && entry.state == State::ReadOnly {
-                let backoff = self.policy.backoff(self.attempt);
-                if self.out_of_time(backoff) {
-                    tracing::warn!(entity = %self.key, attempts = self.attempt, "gave up waiting for a cutover to end");
-                    return Err(Error::ReadOnly(self.key.clone()));
+                // The whole deadline is waited, not given up a backoff early: the last
+                // backoff is cut to what is left.
+                let left = self.time_to_deadline();
+                let backoff = self.policy.backoff(self.attempt).min(left);
+                if left.is_zero() {
+                    return Err(self.gave_up_on_the_freeze());
                 }
                 self.directory.counters().retried();
                 // Not only the cached state: the cutover may have committed while this client
@@ -157,9 +159,9 @@ impl Routing {
                     }
                     Ok::<_, Error>(())
                 };
-                match tokio::time::timeout(self.time_to_deadline(), look).await {
+                match tokio::time::timeout(left, look).await {
                     Ok(looked) => looked?,
-                    Err(_) => return Err(Error::ReadOnly(self.key.clone())),
+                    Err(_) => return Err(self.gave_up_on_the_freeze()),
                 }
                 continue;
             }
@@ -174,6 +176,12 @@ impl Routing {
                 time_left,
             });
         }
+    }
+
+    /// [`Error::ReadOnly`], logged: the deadline passed with the entity still frozen.
+    fn gave_up_on_the_freeze(&self) -> Error {
+        tracing::warn!(entity = %self.key, attempts = self.attempt, "gave up waiting for a cutover to end");
+        Error::ReadOnly(self.key.clone())
     }
 
     /// The attempt at `route` was refused (a 40001 whose DETAIL is `rejection`): counts it,

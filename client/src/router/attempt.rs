@@ -3,6 +3,9 @@
 
 use super::stamp::{STAMP, STAMP_AND_CHECK, STAMP_AND_READ_CHECK};
 use super::*;
+use crate::error::AbortCause;
+use futures_util::TryStreamExt;
+use tokio_postgres::error::SqlState;
 
 impl Router {
     /// One attempt of `mode` at the route `entry` gives, stamped with `version`. (A method, not a closure: an async
@@ -72,7 +75,9 @@ impl Router {
     /// for a pooled connection, and every statement on the server (`statement_timeout`, and
     /// `idle_in_transaction_session_timeout` for a caller that stops in the middle), end by the
     /// deadline; an attempt dropped before it ends has its statement cancelled ([`Lent`]), so
-    /// nothing it began holds the shard after it. An `Err` from `f` rolls it back.
+    /// nothing it began holds the shard after it. An `Err` from `f` rolls it back; an `Ok` is
+    /// committed if the transaction is still open (not aborted, not ended by `f`), else
+    /// [`Error::Aborted`].
     pub(super) async fn attempt<T, E, F>(
         &self,
         shard: &str,
@@ -159,7 +164,7 @@ impl Router {
         match stamped {
             Err(e)
                 if stamp == *STAMP_AND_READ_CHECK
-                    && e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_FUNCTION) =>
+                    && e.code() == Some(&SqlState::UNDEFINED_FUNCTION) =>
             {
                 tracing::warn!(
                     shard,
@@ -172,22 +177,58 @@ impl Router {
             stamped => stamped.map_err(|e| Attempt::db(shard, "stamp", e))?,
         };
         bound.at.step(shard, "the caller's statements");
+        let aborted = |cause| {
+            Attempt::Fatal(Error::Aborted {
+                entity: key.clone(),
+                shard: shard.to_owned(),
+                cause,
+            })
+        };
         match f(&tx).await {
             Ok(out) => {
                 bound.at.step(shard, "commit");
-                tx.commit()
-                    .await
+                // Sent ahead of the COMMIT, in its round trip, and read after it.
+                let probe = tx.client().simple_query_raw(STILL_OPEN).await;
+                let committed = tx.commit().await;
+                let probed = match probe {
+                    Ok(answers) => answers.try_collect::<Vec<_>>().await.map(drop),
+                    Err(e) => Err(e),
+                };
+                match probed.as_ref().err().and_then(|e| e.code()) {
+                    Some(&SqlState::IN_FAILED_SQL_TRANSACTION) => {
+                        return Err(aborted(AbortCause::CaughtError));
+                    }
+                    Some(&SqlState::NO_ACTIVE_SQL_TRANSACTION) => {
+                        return Err(aborted(AbortCause::EndedByTheClosure));
+                    }
+                    _ => {}
+                }
+                committed
+                    .and(probed)
                     .map_err(|e| Attempt::db(shard, "commit", e))?;
                 Ok(out)
             }
             Err(e) => {
                 // Best effort: a broken connection rolls back by itself.
                 let _ = tx.rollback().await;
-                Err(Attempt::caller(e))
+                match Attempt::caller(e) {
+                    // Unstamped after the stamp: the closure ended the transaction and went
+                    // on. A re-run would commit what it committed again.
+                    Attempt::Refused(Rejection::Missing, _) => {
+                        Err(aborted(AbortCause::EndedByTheClosure))
+                    }
+                    other => Err(other),
+                }
             }
         }
     }
 }
+
+/// The statement sent just before the router's COMMIT. PostgreSQL answers the COMMIT of an
+/// aborted transaction with ROLLBACK, not an error, and tokio-postgres does not read the tag
+/// (rust-postgres#1342); a SAVEPOINT fails there (25P02), and outside a transaction block
+/// (25P01: the closure ended it), and otherwise commits with the rest, having written nothing.
+const STILL_OPEN: &str = "SAVEPOINT shard_directory_commit";
 
 /// What a routed transaction is stamped with, and how it begins.
 pub(super) struct Stamp<'a> {

@@ -228,6 +228,9 @@ impl Router {
     /// for the freeze to end, asking the directory once a second to end a freeze whose lease has
     /// run out (its mover vanished), and past the deadline fails with [`Error::ReadOnly`]. The closure returns the
     /// caller's own error type; an `Err` rolls the transaction back and is returned as it is.
+    /// An `Ok` after an error the closure caught (the transaction is aborted, and PostgreSQL
+    /// answers its COMMIT with ROLLBACK), or after the closure ended the transaction itself, is
+    /// [`Error::Aborted`], never reported committed.
     ///
     /// The future is `Send` (it can be spawned) when the closure owns what it uses
     /// (`async move |tx| ...`): rustc cannot yet prove it for a closure that borrows from its

@@ -31,17 +31,36 @@ def unstamped(e: Any) -> bool:
     return _native.refusal_reason(e.sqlstate or "", e.diag.message_detail) == "missing"
 
 
-def left_the_transaction(entity: tuple[str, str], shard: str, how: str) -> Exception:
-    """The block ended the routed transaction itself (``how``): what it committed stays, and
-    the rest is not re-run (it would commit that again)."""
+def _aborted(entity: tuple[str, str], shard: str, message: str) -> Exception:
+    """``Aborted`` (not retryable) of the routed transaction of ``entity`` on ``shard``."""
     return error(
         _native.Aborted,
-        f"{entity[0]}/{entity[1]}: the block {how} on shard \"{shard}\", outside the routed "
-        "transaction: what it committed before stays committed, the rest was not re-run",
+        f"{entity[0]}/{entity[1]}: {message}",
         entity_type=entity[0],
         entity_id=entity[1],
         shard=shard,
         retryable=False,
+    )
+
+
+def left_the_transaction(entity: tuple[str, str], shard: str, how: str) -> Exception:
+    """The block ended the routed transaction itself (``how``): what it committed stays, and
+    the rest is not re-run (it would commit that again)."""
+    return _aborted(
+        entity,
+        shard,
+        f"the block {how} on shard \"{shard}\", outside the routed transaction: what it "
+        "committed before stays committed, the rest was not re-run",
+    )
+
+
+def caught_and_aborted(entity: tuple[str, str], shard: str) -> Exception:
+    """An error the block caught aborted the routed transaction: COMMIT would roll it back."""
+    return _aborted(
+        entity,
+        shard,
+        f"the transaction on shard \"{shard}\" was aborted by an error the application "
+        "caught; it was rolled back, nothing was committed",
     )
 
 

@@ -23,7 +23,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTi
 
 from . import _native
 from .attempts import STAMP, policy as _retry_policy, soon
-from ._refusals import error as _error, left_the_transaction, refusal as _refusal, rejected as _rejected, unstamped
+from ._refusals import caught_and_aborted, error as _error, left_the_transaction, refusal as _refusal, rejected as _rejected, unstamped
 from .directory import AsyncShardDirectory, ShardDirectory, entity as _entity
 
 T = TypeVar("T")
@@ -70,18 +70,6 @@ def _unreachable(e: BaseException) -> bool:
     return code is None or code.startswith("08") or code in ("57P01", "57P02", "57P03")
 
 
-def _aborted(entity: tuple[str, str], shard: str) -> Exception:
-    return _error(
-        _native.Aborted,
-        f"{entity[0]}/{entity[1]}: the transaction on shard \"{shard}\" was aborted by an error "
-        "the application caught; it was rolled back, nothing was committed",
-        entity_type=entity[0],
-        entity_id=entity[1],
-        shard=shard,
-        retryable=False,
-    )
-
-
 def _still_open(conn: Any, entity: tuple[str, str], shard: str) -> None:
     """Before COMMIT: the routed transaction is still the one open. An error the caller caught
     aborted it (COMMIT would roll it back, silently: ``Aborted``); a COMMIT or ROLLBACK
@@ -91,7 +79,7 @@ def _still_open(conn: Any, entity: tuple[str, str], shard: str) -> None:
     if status == TransactionStatus.INTRANS:
         return
     if status == TransactionStatus.INERROR:
-        raise _aborted(entity, shard)
+        raise caught_and_aborted(entity, shard)
     if status == TransactionStatus.IDLE:
         raise left_the_transaction(entity, shard, "ended the transaction itself")
     raise _error(
