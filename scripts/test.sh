@@ -7,6 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export USER=${USER:-$(id -un)}
+# A run from a clean clone gains nothing from incremental caches, which would double target/.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+# Clusters, builds and packages all need disk; a full disk fails far from its cause.
+free_disk() { df -Ph . /tmp | awk -v at="$1" 'NR > 1 && !seen[$6]++ { print "disk " at ": " $4 " free on " $6 }'; }
+free_disk "at the start"
 log=$(mktemp /tmp/sd-test-log.XXXXXX)
 
 cargo fmt --all --check
@@ -48,6 +53,8 @@ cargo test -p shard-directory-e2e -p shard-directory-demo -p shard-directory-cli
   -p shard-directory-conformance \
   -p shard-directory-protocol --features shard-directory-protocol/serde \
   -- --show-output 2>&1 | tee -a "$log"
+
+free_disk "after the end-to-end suite"
 
 # The Python package (python/): built with maturin, its pytest suite (the conformance scenarios
 # through its driver, and its own tests).

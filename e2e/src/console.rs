@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 use crate::mover_cli::command;
@@ -16,7 +16,13 @@ pub struct Console {
     pub addr: String,
     /// The base path it was started with (`/console`, or empty).
     pub base: String,
+    /// Served over HTTPS (`--tls-cert`): the certificate its requests trust (PEM).
+    pub trust: Option<Vec<u8>>,
 }
+
+/// A connection to the console, over TLS or not.
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
 
 /// A page as an HTTP response: its status and its body.
 pub struct Page {
@@ -29,9 +35,20 @@ impl Console {
     /// Starts `shard-directory console --listen 127.0.0.1:0 --base-path <base> <extra>` on `t`'s
     /// directory, and waits for the address it prints.
     pub async fn start(t: &Topology, base: &str, extra: &[&str]) -> Console {
+        Console::start_with(t, base, extra, &[]).await
+    }
+
+    /// [`Console::start`] with `env` (`NAME`, value) added to the command's environment.
+    pub async fn start_with(
+        t: &Topology,
+        base: &str,
+        extra: &[&str],
+        env: &[(&str, &std::path::Path)],
+    ) -> Console {
         let mut process = command(t)
             .args(["console", "--listen", "127.0.0.1:0", "--base-path", base])
             .args(extra)
+            .envs(env.iter().copied())
             .env_remove("RUST_BACKTRACE")
             .kill_on_drop(true)
             .spawn()
@@ -45,6 +62,7 @@ impl Console {
             .expect("a line");
         let url = line
             .strip_prefix("console: http://")
+            .or_else(|| line.strip_prefix("console: https://"))
             .unwrap_or_else(|| panic!("not the console's address: {line}"));
         let addr = url.split('/').next().expect("host:port").to_owned();
         // Nothing more is printed; the rest of stdout is drained so it never blocks.
@@ -53,7 +71,34 @@ impl Console {
             process,
             addr,
             base: base.trim_end_matches('/').to_owned(),
+            trust: None,
         }
+    }
+
+    /// Its requests made over TLS, trusting `cert` (PEM, issued to `localhost`).
+    pub fn over_tls(mut self, cert: &[u8]) -> Console {
+        self.trust = Some(cert.to_owned());
+        self
+    }
+
+    /// A connection to it: over TLS (to `localhost`) when it serves HTTPS.
+    async fn connect(&self) -> std::io::Result<Box<dyn Stream>> {
+        let tcp = TcpStream::connect(&self.addr).await?;
+        let Some(cert) = &self.trust else {
+            return Ok(Box::new(tcp));
+        };
+        let root = native_tls::Certificate::from_pem(cert).expect("a PEM certificate");
+        let connector = native_tls::TlsConnector::builder()
+            .add_root_certificate(root)
+            .build()
+            .expect("a TLS connector");
+        let connector = tokio_native_tls::TlsConnector::from(connector);
+        let handshake = connector.connect("localhost", tcp);
+        let tls = tokio::time::timeout(Duration::from_secs(30), handshake)
+            .await
+            .map_err(|_| std::io::Error::other("no TLS handshake within 30 s"))?
+            .map_err(std::io::Error::other)?;
+        Ok(Box::new(tls))
     }
 
     /// Asks the console to stop (SIGTERM) and waits for it, at most `within`: its exit code,
@@ -90,7 +135,7 @@ impl Console {
     }
 
     async fn request(&self, method: &str, path: &str, headers: &[&str], body: &str) -> Page {
-        let mut s = TcpStream::connect(&self.addr).await.expect("connect");
+        let mut s = self.connect().await.expect("connect");
         let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
         let request = format!(
             "{method} {}{path} HTTP/1.0\r\nHost: {}\r\n{extra}\r\n{body}",
@@ -128,9 +173,15 @@ impl Console {
 
     /// A watcher of `<base>/events`: one page's stream of server-sent events.
     pub async fn watch(&self) -> Events {
-        let mut s = TcpStream::connect(&self.addr).await.expect("connect");
+        self.watch_with("/events", &[]).await
+    }
+
+    /// A watcher of `<base><path>`, a stream of server-sent events, asked with `headers`.
+    pub async fn watch_with(&self, path: &str, headers: &[&str]) -> Events {
+        let mut s = self.connect().await.expect("connect");
+        let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
         let request = format!(
-            "GET {}/events HTTP/1.0\r\nHost: {}\r\nAccept: text/event-stream\r\n\r\n",
+            "GET {}{path} HTTP/1.0\r\nHost: {}\r\nAccept: text/event-stream\r\n{extra}\r\n",
             self.base, self.addr
         );
         s.write_all(request.as_bytes()).await.expect("send");
@@ -147,7 +198,7 @@ impl Console {
 
 /// A stream of server-sent events.
 pub struct Events {
-    lines: tokio::io::Lines<BufReader<TcpStream>>,
+    lines: tokio::io::Lines<BufReader<Box<dyn Stream>>>,
 }
 
 impl Events {

@@ -31,6 +31,13 @@ pub const SHARD_SETTINGS: &[(&str, &str)] = &[
 /// commit of a change (`pg_xact_commit_timestamp`).
 pub const DIRECTORY_SETTINGS: &[(&str, &str)] = &[("track_commit_timestamp", "on")];
 
+/// Protected tables keyed by a bigint (`accounts`, entity type `account`) and a uuid (`devices`,
+/// `device`): keys whose canonical text differs from other spellings of the same value.
+pub const NON_TEXT_KEYS: &str = "CREATE TABLE accounts (account_id bigint PRIMARY KEY, name text);
+     SELECT shard_directory.protect('accounts', 'account_id', 'account');
+     CREATE TABLE devices (device_id uuid PRIMARY KEY);
+     SELECT shard_directory.protect('devices', 'device_id', 'device');";
+
 /// The application's tables on every shard: a tenant's orders and their lines.
 pub const SHARD_SCHEMA: &str = "
     CREATE TABLE orders (
@@ -186,6 +193,19 @@ impl Topology {
     /// A DBA's connection to the directory database.
     pub async fn dba(&self) -> Client {
         self.directory.connect(DIRECTORY_DB).await
+    }
+
+    /// Batches recorded in the directory (`shard_move_batches`).
+    pub async fn batches(&self) -> i64 {
+        self.dba()
+            .await
+            .query_one(
+                "SELECT count(*) FROM shard_directory.shard_move_batches",
+                &[],
+            )
+            .await
+            .expect("count the batches")
+            .get(0)
     }
 
     pub async fn shard(&self, shard: &str) -> Client {
@@ -504,12 +524,22 @@ impl Topology {
     /// Inserts orders for tenant `id` through a router until told to stop, every refusal
     /// retryable (as while it moves); returns how many were acked.
     pub async fn keep_ordering(&self, id: &str, stop: tokio::sync::watch::Receiver<bool>) -> i64 {
+        self.keep_ordering_acked(id, stop).await.len() as i64
+    }
+
+    /// [`Topology::keep_ordering`], returning the items of the orders acked, in order.
+    pub async fn keep_ordering_acked(
+        &self,
+        id: &str,
+        stop: tokio::sync::watch::Receiver<bool>,
+    ) -> Vec<String> {
         let router = self.connected_router().await;
-        let (mut acked, mut n) = (0, 0);
+        let (mut acked, mut n) = (Vec::new(), 0);
         while !*stop.borrow() {
             n += 1;
-            match Topology::order(&router, id, &format!("live {n}")).await {
-                Ok(()) => acked += 1,
+            let item = format!("live {n}");
+            match Topology::order(&router, id, &item).await {
+                Ok(()) => acked.push(item),
                 Err(e) => assert!(
                     e.is_retryable(),
                     "only retryable refusals while moving: {e}"

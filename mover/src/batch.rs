@@ -257,6 +257,14 @@ impl Mover {
         plan: &BatchPlan,
         options: BatchOptions,
     ) -> Result<i64, Error> {
+        let at_once = |n: usize, flag: &str| {
+            i32::try_from(n.max(1))
+                .map_err(|_| Error::Config(format!("{flag} {n}: at most {}", i32::MAX)))
+        };
+        let (parallel, per_shard) = (
+            at_once(options.parallel, "--parallel")?,
+            at_once(options.per_shard, "--per-shard")?,
+        );
         let directory = self.connect_directory(None).await?;
         if let Some(shard) = &plan.drains {
             way_back::refuse_drain(shard, &way_back::open(&directory).await?)?;
@@ -270,13 +278,7 @@ impl Mover {
                 "INSERT INTO shard_directory.shard_move_batches \
                      (purpose, plan, parallel, per_shard, move_options) \
                  VALUES ($1, $2::text::jsonb, $3, $4, $5::text::jsonb) RETURNING batch_id",
-                &[
-                    &plan.purpose,
-                    &plan_json,
-                    &(options.parallel.max(1) as i32),
-                    &(options.per_shard.max(1) as i32),
-                    &choices,
-                ],
+                &[&plan.purpose, &plan_json, &parallel, &per_shard, &choices],
             )
             .await
             .at(Step::Record, Place::Directory)?
@@ -349,6 +351,29 @@ impl Mover {
     pub async fn batch_status(&self, batch_id: i64) -> Result<BatchStatus, Error> {
         let directory = self.connect_directory(None).await?;
         read_status(&directory, batch_id).await
+    }
+
+    /// Every batch not finished, and every batch finished at or after `since` (any timestamptz
+    /// input), newest first, on a directory session the caller holds (the console reads them
+    /// with the moves, on its one session).
+    pub async fn batches_open_or_finished_since(
+        directory: &Client,
+        since: &str,
+    ) -> Result<Vec<BatchStatus>, Error> {
+        let ids = directory
+            .query(
+                "SELECT batch_id FROM shard_directory.shard_move_batches \
+                 WHERE finished_at IS NULL OR finished_at >= $1::text::timestamptz \
+                 ORDER BY batch_id DESC",
+                &[&since],
+            )
+            .await
+            .at(Step::Record, Place::Directory)?;
+        let mut batches = Vec::new();
+        for row in ids {
+            batches.push(read_status(directory, row.get(0)).await?);
+        }
+        Ok(batches)
     }
 
     /// Runs the batch of `session`, whose lock it holds, until its moves have ended, it is

@@ -71,7 +71,7 @@ pub use options::{MethodChoice, MoveChoices, MoveOptions};
 pub use planning::balance::{
     drain, rebalance, split, BatchPlan, Fleet, Placed, PlannedMove, ShardInfo, Skipped, Totals,
 };
-pub use planning::sizes::{Size, Weigh};
+pub use planning::sizes::{Size, TableSize, Weigh};
 pub use preflight::Plan;
 pub use reconcile::Stray;
 pub use report::observer::{LogObserver, Observer};
@@ -82,5 +82,6 @@ pub use shard_directory_connect::with_password;
 /// The protocol's key and state, as the mover's API takes and returns them.
 pub use shard_directory_protocol::{EntityKey, State};
 pub use shards::fence::Fence;
+pub use status::slots::Slots;
 pub use status::way_back::Unreadable;
 pub use status::{Driver, MoveStatus, Slot};

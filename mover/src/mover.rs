@@ -580,14 +580,7 @@ impl Mover {
             .at(Step::Record, Place::Directory)?;
         let mut slot = None;
         let mut way_back_stopped_by = None;
-        // A reversible move's slot is its way back's, on its target.
-        let (shard, name) = match record.phase {
-            Phase::Reversible => (&record.target_shard, logical::way_back_name(record.move_id)),
-            _ => (&record.source_shard, record.replication_name.clone()),
-        };
-        let replicating =
-            record.method == record::Method::Logical || record.phase == Phase::Reversible;
-        if replicating && !record.phase.is_finished() {
+        if let Some((shard, name)) = status::slot_of(&record) {
             if let Some(side) = self.reach(&directory, shard).await {
                 slot = status::slot(&side.client, side.name(), &name)
                     .await
@@ -649,6 +642,11 @@ impl Mover {
             .await
     }
 
+    /// Every move of `key`, newest first.
+    pub async fn moves_of(&self, key: &EntityKey) -> Result<Vec<MoveRecord>, Error> {
+        self.read(async |c| record::of_entity(c, key).await).await
+    }
+
     /// Every open move, and every move finished at or after `since`, on a directory session the
     /// caller holds (the console reads them on every change, on its one session).
     pub async fn open_or_finished_since(
@@ -658,6 +656,12 @@ impl Mover {
         record::open_or_finished_since(directory, since)
             .await
             .at(Step::Record, Place::Directory)
+    }
+
+    /// Sessions on the shards to read open moves' slots from, again and again (the console's
+    /// live list).
+    pub fn slots(&self) -> status::slots::Slots {
+        status::slots::Slots::new(self.overrides.clone())
     }
 
     /// Every entity with rows on `shard` (of `entity_type`, or of any type protected there)
@@ -777,6 +781,31 @@ impl Mover {
     /// The entity's entry now.
     pub async fn placement(&self, key: &EntityKey) -> Result<Option<Placement>, Error> {
         self.read(async |c| entry::read(c, key).await).await
+    }
+
+    /// The entity's shard (as its entry names it) and its rows and bytes in each of its tables
+    /// there, counted whole within `within` (the shard's `statement_timeout`); `None` without an
+    /// entry.
+    pub async fn entity_tables(
+        &self,
+        key: &EntityKey,
+        within: Duration,
+    ) -> Result<Option<(String, Vec<crate::TableSize>)>, Error> {
+        let directory = self.connect_directory(None).await?;
+        let Some(placed) = entry::read(&directory, key)
+            .await
+            .at(Step::Plan, Place::Directory)?
+        else {
+            return Ok(None);
+        };
+        let side = self.connect_shard(&directory, &placed.shard_name).await?;
+        let timeout = format!("SET statement_timeout = {}", within.as_millis());
+        side.client
+            .batch_execute(&timeout)
+            .await
+            .at(Step::Plan, side.name())?;
+        let sizes = crate::planning::sizes::of_entity(&side.client, side.name(), key).await?;
+        Ok(Some((placed.shard_name, sizes)))
     }
 
     /// The shard that held the entity at `at` (any timestamptz input), from history.

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import psycopg
 import pytest
@@ -68,18 +70,43 @@ class Fleet:
         return [r[0] for r in rows]
 
 
+class Echoed:
+    """A child's stderr, passed on to ours as it comes and kept, so that a failure can say
+    what the child said (a run's log may keep only its end)."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.lines: list[str] = []
+        self.thread = threading.Thread(target=self._pass_on, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _pass_on(self, stream: IO[str]) -> None:
+        for line in stream:
+            sys.stderr.write(line)
+            self.lines.append(line)
+
+    def tail(self, n: int = 20) -> str:
+        self.thread.join(timeout=10)
+        return "".join(self.lines[-n:])
+
+
 @pytest.fixture(scope="session")
 def fleet() -> Iterator[Fleet]:
     lent = subprocess.Popen(
         [conformance_binary(), "--fleet", "2"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
     )
+    assert lent.stderr is not None
+    said = Echoed(lent.stderr)
     try:
         assert lent.stdout is not None
         line = lent.stdout.readline()
-        assert line, "the fleet did not start (is the extension installed? scripts/test-python.sh)"
+        assert line, (
+            "the fleet did not start (is the extension installed? scripts/test-python.sh); "
+            f"it said:\n{said.tail()}"
+        )
         yield Fleet(json.loads(line))
     finally:
         # Its stdin ending stops the clusters.

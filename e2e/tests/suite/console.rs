@@ -10,7 +10,7 @@ use shard_directory_e2e::Topology;
 use shard_directory_mover::{EntityKey, MoveOptions, Phase};
 
 /// The phase of move `id` in a moves list, if it is there.
-fn phase_of(html: &str, id: i64) -> Option<String> {
+pub(crate) fn phase_of(html: &str, id: i64) -> Option<String> {
     let marker = format!("data-move=\"{id}\" data-phase=\"");
     let at = html.find(&marker)? + marker.len();
     Some(html[at..].split('"').next()?.to_owned())
@@ -18,7 +18,7 @@ fn phase_of(html: &str, id: i64) -> Option<String> {
 
 /// Moves `id` to shard_2 (logical) with `options`, through the library the CLI uses; the move's
 /// id.
-async fn move_to_shard_2(t: &Topology, id: &str, options: MoveOptions) -> i64 {
+pub(crate) async fn move_to_shard_2(t: &Topology, id: &str, options: MoveOptions) -> i64 {
     let done = t
         .mover(options)
         .start(&EntityKey::new("tenant", id), "shard_2")
@@ -206,13 +206,13 @@ async fn a_hundred_watchers_cost_the_directory_one_session_and_each_sees_the_mov
 }
 
 /// Headless Chromium driven through chromedriver (WebDriver), both stopped on drop.
-struct Browser {
-    client: fantoccini::Client,
+pub(crate) struct Browser {
+    pub(crate) client: fantoccini::Client,
     _driver: tokio::process::Child,
 }
 
 impl Browser {
-    async fn start() -> Browser {
+    pub(crate) async fn start() -> Browser {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
@@ -254,9 +254,43 @@ impl Browser {
         }
     }
 
+    /// Signs in on the sign-in form shown, with `token`: the fleet page follows.
+    pub(crate) async fn sign_in(&self, token: &str) {
+        use fantoccini::Locator;
+        let c = &self.client;
+        c.find(Locator::Css("input[name='token']"))
+            .await
+            .unwrap()
+            .send_keys(token)
+            .await
+            .unwrap();
+        self.click("form[action$='/login'] button").await;
+        let signed_in = c
+            .wait()
+            .at_most(Duration::from_secs(30))
+            .for_element(Locator::Css("#shards"))
+            .await;
+        if signed_in.is_err() {
+            panic!(
+                "signed in: the fleet; the page: {}",
+                c.source().await.unwrap()
+            );
+        }
+    }
+
+    /// Clicks the element `css` selects on the page.
+    pub(crate) async fn click(&self, css: &str) {
+        let found = self.client.find(fantoccini::Locator::Css(css)).await;
+        let element = found.unwrap_or_else(|e| panic!("{css} on the page: {e}"));
+        element
+            .click()
+            .await
+            .unwrap_or_else(|e| panic!("click {css}: {e}"));
+    }
+
     /// A screenshot of the page into `$SD_CONSOLE_SCREENSHOTS/<name>.png`, when that is set
     /// (how docs/console/ was made).
-    async fn screenshot(&self, name: &str) {
+    pub(crate) async fn screenshot(&self, name: &str) {
         if let Some(dir) = std::env::var_os("SD_CONSOLE_SCREENSHOTS") {
             let png = self.client.screenshot().await.expect("a screenshot");
             let path = std::path::Path::new(&dir).join(format!("{name}.png"));
@@ -289,16 +323,9 @@ async fn a_browser_sees_a_move_walk_through_its_phases_without_reloading() {
     let shards = c.find_all(Locator::Css("#shards tbody tr")).await.unwrap();
     assert_eq!(shards.len(), 2, "a row per shard");
     // The rebalance form, filled in as it stands: the plan drawn before and after.
-    let form = c
-        .find(Locator::Css("form:has(input[value='rebalance'])"))
-        .await
-        .unwrap();
-    form.find(Locator::Css("button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    browser
+        .click("form:has(input[value='rebalance']) button")
+        .await;
     c.wait()
         .at_most(Duration::from_secs(30))
         .for_element(Locator::Css("#plan tr[data-shard='shard_2'] span.after"))
@@ -357,13 +384,36 @@ async fn a_browser_sees_a_move_walk_through_its_phases_without_reloading() {
         shown, utc,
         "the time in the browser's zone, not the server's text"
     );
+    // Read-only (no --allow-actions): the move's page offers no action, a drawn plan no run,
+    // and the actions page says so.
+    c.goto(&format!("{home}moves/{move_id}")).await.unwrap();
+    c.find(Locator::Css("dd.phase"))
+        .await
+        .expect("the move's page");
+    let offered = c.find_all(Locator::Css("a.action, button.action, form[method='post']"));
+    assert!(offered.await.unwrap().is_empty(), "no action offered");
+    c.goto(&format!("{home}?by=rows&plan=drain&shard=shard_1"))
+        .await
+        .unwrap();
+    c.find(Locator::Css("#plan")).await.expect("the plan drawn");
+    let run = c.find_all(Locator::Css("form.run, button.action"));
+    assert!(run.await.unwrap().is_empty(), "no plan to run");
+    c.goto(&format!("{home}actions")).await.unwrap();
+    let said = c
+        .find(Locator::Css("main"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(said.contains("read-only"), "{said}");
     browser.client.clone().close().await.unwrap();
 }
 
-const TOKEN: &str = "alice-0123456789abcdef";
+pub(crate) const TOKEN: &str = "alice-0123456789abcdef";
 
 /// A console with actions, its users file (alice) and audit log in the directory's folder.
-async fn console_with_actions(t: &Topology) -> (Console, std::path::PathBuf) {
+pub(crate) async fn console_with_actions(t: &Topology) -> (Console, std::path::PathBuf) {
     let users = t.directory.scratch_path("console-users");
     std::fs::write(&users, format!("# the console's users\nalice:{TOKEN}\n")).unwrap();
     let audit = t.directory.scratch_path("console-audit.jsonl");
@@ -378,7 +428,7 @@ async fn console_with_actions(t: &Topology) -> (Console, std::path::PathBuf) {
 }
 
 /// A move of tenant `id` to shard_2 killed while it copies: open, resumable, its lock free.
-async fn stopped_move(t: &Topology, id: &str) -> i64 {
+pub(crate) async fn stopped_move(t: &Topology, id: &str) -> i64 {
     t.add_tenant(id, "shard_1").await;
     t.seed_orders("shard_1", id, 3000, 2).await;
     let killed = shard_directory_e2e::mover_cli::kill_at(
@@ -394,8 +444,26 @@ async fn stopped_move(t: &Topology, id: &str) -> i64 {
     killed.move_id
 }
 
+/// A logical move of tenant `id` (300 orders on shard_1) to shard_2 killed while it catches up:
+/// open, its slot on shard_1, its subscription streaming.
+pub(crate) async fn catching_up(t: &Topology, id: &str) -> i64 {
+    t.add_tenant(id, "shard_1").await;
+    t.seed_orders("shard_1", id, 300, 1).await;
+    shard_directory_e2e::mover_cli::kill_at(
+        t,
+        id,
+        "shard_2",
+        "logical",
+        Phase::CatchingUp,
+        Duration::ZERO,
+    )
+    .await
+    .expect("killed while catching up")
+    .move_id
+}
+
 /// The value of the hidden input `name` in a form of `html`.
-fn hidden(html: &str, name: &str) -> String {
+pub(crate) fn hidden(html: &str, name: &str) -> String {
     let marker = format!("name=\"{name}\" value=\"");
     let at = html
         .find(&marker)
@@ -599,48 +667,11 @@ async fn a_browser_signs_in_and_aborts_a_move_from_its_page() {
         c.find(Locator::Css(".phase")).await.is_err(),
         "nothing of the move shown"
     );
-    c.find(Locator::Css("input[name='token']"))
-        .await
-        .unwrap()
-        .send_keys(TOKEN)
-        .await
-        .unwrap();
-    c.find(Locator::Css("form[action$='/login'] button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    let signed_in = c
-        .wait()
-        .at_most(Duration::from_secs(30))
-        .for_element(Locator::Css("#shards"))
-        .await;
-    if signed_in.is_err() {
-        panic!(
-            "signed in: the fleet; the page: {}",
-            c.source().await.unwrap()
-        );
-    }
+    browser.sign_in(TOKEN).await;
     c.goto(&page).await.unwrap();
-    c.find(Locator::Css("a.action[href$='/abort']"))
-        .await
-        .expect("an abort offered")
-        .click()
-        .await
-        .unwrap();
-    c.find(Locator::Css("input[name='confirm']"))
-        .await
-        .expect("a confirmation to tick")
-        .click()
-        .await
-        .unwrap();
-    c.find(Locator::Css("button.action"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    browser.click("a.action[href$='/abort']").await;
+    browser.click("input[name='confirm']").await;
+    browser.click("button.action").await;
     shard_directory_e2e::eventually(
         "the page to say aborted",
         Duration::from_secs(60),
@@ -684,4 +715,120 @@ async fn the_console_stops_when_asked_even_with_pages_watching() {
         watchers.push(w);
     }
     assert_eq!(console.stop(Duration::from_secs(10)).await, Some(0));
+}
+
+/// The cells of table `table`'s row on a tenant page: (rows, bytes).
+pub(crate) fn table_row(html: &str, table: &str) -> Option<(i64, i64)> {
+    let at = html.find(&format!("data-table=\"{table}\""))?;
+    let cell = |name: &str| -> Option<i64> {
+        let marker = format!("{name}=\"");
+        let from = html[at..].find(&marker)? + at + marker.len();
+        html[from..].split('"').next()?.parse().ok()
+    };
+    Some((cell("data-rows")?, cell("data-bytes")?))
+}
+
+/// A tenant's page counts its rows and bytes in each table on the shard its entry names (the
+/// other tenants' rows not counted), on its new shard once moved; with that shard down the rest
+/// of the page still answers and says why the rows are not shown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_page_counts_its_rows_and_bytes_per_table_on_its_shard() {
+    let t = Topology::start("console-tenant-rows").await;
+    t.add_tenant("c1", "shard_1").await;
+    t.seed_orders("shard_1", "c1", 120, 3).await;
+    t.add_tenant("c2", "shard_1").await;
+    t.seed_orders("shard_1", "c2", 7, 1).await;
+    let console = Console::start(&t, "", &[]).await;
+    let on = |shard: &'static str| {
+        let console = &console;
+        let t = &t;
+        async move {
+            let page = console.get("/tenants/tenant/c1").await;
+            assert_eq!(page.status, 200, "{}", page.body);
+            assert!(
+                page.body.contains(&format!("Rows on {shard}")),
+                "{}",
+                page.body
+            );
+            let (orders, lines) = t.rows(shard, "c1").await;
+            let shown_orders = table_row(&page.body, "public.orders").expect("orders counted");
+            let shown_lines = table_row(&page.body, "public.order_lines").expect("lines counted");
+            assert_eq!((shown_orders.0, shown_lines.0), (orders, lines));
+            assert_eq!((orders, lines), (120, 360), "the seed, not c2's rows");
+            assert!(shown_orders.1 > 0 && shown_lines.1 > 0, "{}", page.body);
+            (shown_orders.1, shown_lines.1)
+        }
+    };
+    let before = on("shard_1").await;
+    move_to_shard_2(&t, "c1", MoveOptions::default()).await;
+    let after = on("shard_2").await;
+    assert_eq!(before, after, "the same rows, the same bytes");
+    t.shards[1].1.stop();
+    let page = console.get("/tenants/tenant/c1").await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(
+        page.body.contains("could not be counted") && page.body.contains("History"),
+        "{}",
+        page.body
+    );
+}
+
+/// The cell `class` of move `id`'s row in a moves list.
+pub(crate) fn cell_of(html: &str, id: i64, class: &str) -> Option<String> {
+    let row = html.find(&format!("data-move=\"{id}\""))?;
+    let end = html[row..].find("</tr>")? + row;
+    let marker = format!("class=\"{class}\">");
+    let at = html[row..end].find(&marker)? + row + marker.len();
+    Some(html[at..].split('<').next()?.to_owned())
+}
+
+/// On the live list an open logical move shows its slot's lag and retained WAL, as read from its
+/// source; the move's page says the same slot, and `status --json` names it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_list_shows_an_open_moves_lag_and_retained_wal() {
+    let t = Topology::start("console-lag").await;
+    let move_id = catching_up(&t, "l1").await;
+    let status = shard_directory_e2e::mover_cli::command(&t)
+        .args(["status", &move_id.to_string(), "--json"])
+        .output()
+        .await
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let slot = &status["slot"];
+    assert!(slot["retained_wal_bytes"].as_i64().is_some(), "{status}");
+    assert!(slot["lag_bytes"].as_i64().is_some(), "{status}");
+    let console = Console::start(&t, "", &[]).await;
+    let mut events = console.watch().await;
+    let seen = events
+        .until(Duration::from_secs(30), |d| {
+            cell_of(d, move_id, "n retained").is_some_and(|c| c.ends_with('B'))
+                && cell_of(d, move_id, "n lag").is_some_and(|c| c.ends_with('B'))
+        })
+        .await;
+    let retained = cell_of(seen.last().unwrap(), move_id, "n retained").unwrap();
+    let detail = console.get(&format!("/moves/{move_id}")).await;
+    let name = slot["name"].as_str().unwrap();
+    assert!(
+        detail.body.contains(name) && detail.body.contains(" behind"),
+        "{}",
+        detail.body
+    );
+    assert!(!retained.is_empty());
+    // A copy move streams through no slot: nothing shown.
+    t.add_tenant("l2", "shard_2").await;
+    let copied = t
+        .mover(MoveOptions {
+            method: shard_directory_mover::MethodChoice::Copy,
+            ..Default::default()
+        })
+        .start(&EntityKey::new("tenant", "l2"), "shard_1")
+        .await
+        .unwrap();
+    let seen = events
+        .until(Duration::from_secs(30), |d| {
+            phase_of(d, copied.move_id).as_deref() == Some("done")
+        })
+        .await;
+    let last = seen.last().unwrap();
+    assert_eq!(cell_of(last, copied.move_id, "n lag").as_deref(), Some(""));
 }

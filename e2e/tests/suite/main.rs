@@ -4,11 +4,16 @@
 mod cli;
 mod client;
 mod client_bounds;
+mod client_commit;
+mod client_commit_edges;
 mod client_faults;
 mod client_invalidation;
 mod client_routing;
 mod console;
 mod console_edges;
+mod console_plans;
+mod console_plans_edges;
+mod console_tls;
 mod directory;
 mod drills;
 mod dump;

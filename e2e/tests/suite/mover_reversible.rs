@@ -457,19 +457,6 @@ async fn the_way_back_keeps_what_was_written_while_the_source_was_down() {
     assert!(objects(&t).await.is_empty(), "{:?}", objects(&t).await);
 }
 
-/// Batches recorded in the directory.
-async fn batches(t: &Topology) -> i64 {
-    t.dba()
-        .await
-        .query_one(
-            "SELECT count(*) FROM shard_directory.shard_move_batches",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0)
-}
-
 #[tokio::test]
 async fn a_shard_a_way_back_joins_is_not_drained_until_the_move_is_finalized() {
     let t = Topology::with_shards("drain-way-back", 2).await;
@@ -513,7 +500,7 @@ async fn a_shard_a_way_back_joins_is_not_drained_until_the_move_is_finalized() {
         }
     }
     // Nothing recorded, nothing moved, the way back as it was.
-    assert_eq!(batches(&t).await, 0, "no batch recorded");
+    assert_eq!(t.batches().await, 0, "no batch recorded");
     assert_eq!(t.placement("b").await, "shard_1");
     assert_eq!(t.rows("shard_1", "b").await, (10, 20));
     assert_reversible(&t, "a", id).await;
@@ -527,7 +514,7 @@ async fn a_shard_a_way_back_joins_is_not_drained_until_the_move_is_finalized() {
     assert_eq!(done.phase, Phase::Done);
     let (code, said) = cli(&["drain", "shard_1", "--apply"]).await;
     assert_eq!(code, Some(0), "{said}");
-    assert_eq!(batches(&t).await, 1);
+    assert_eq!(t.batches().await, 1);
     assert_eq!(t.placement("b").await, "shard_2");
     for id in ["a", "b"] {
         assert_eq!(

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use shard_directory_client::EntityKey;
 use shard_directory_e2e::observe::{self, act_at};
+use shard_directory_e2e::topology::NON_TEXT_KEYS;
 use shard_directory_e2e::{column, Topology};
 use shard_directory_mover::{Error, Failure, Left, Method, MethodChoice, MoveOptions, Phase, Step};
 use tokio_postgres::error::SqlState;
@@ -244,13 +245,7 @@ async fn every_common_key_type_moves_exactly_its_entity_and_its_fences_catch_eve
 #[tokio::test]
 async fn an_entity_id_that_is_not_canonical_for_its_key_is_refused_before_anything_moves() {
     let t = Topology::with_shards("canonical", 2).await;
-    t.on_every_shard(
-        "CREATE TABLE accounts (account_id bigint PRIMARY KEY, name text);
-         SELECT shard_directory.protect('accounts', 'account_id', 'account');
-         CREATE TABLE devices (device_id uuid PRIMARY KEY);
-         SELECT shard_directory.protect('devices', 'device_id', 'device');",
-    )
-    .await;
+    t.on_every_shard(NON_TEXT_KEYS).await;
     t.add_entity("account", "08842", "shard_1").await;
     t.write_as_client("shard_1", "INSERT INTO accounts VALUES (8842, 'x')")
         .await

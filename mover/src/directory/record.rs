@@ -181,6 +181,23 @@ pub(crate) async fn load(
         .map(MoveRecord::from_row))
 }
 
+/// The moves `filter` (a condition on `shard_moves`, its parameters `params`) selects, newest
+/// first.
+async fn select(
+    c: &impl GenericClient,
+    filter: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Vec<MoveRecord>, tokio_postgres::Error> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM shard_directory.shard_moves WHERE {filter} ORDER BY move_id DESC"
+    );
+    Ok(c.query(&sql, params)
+        .await?
+        .iter()
+        .map(MoveRecord::from_row)
+        .collect())
+}
+
 /// Every move, newest first; only the open ones with `open_only`, only those started at or
 /// after `since` with it.
 pub(crate) async fn list(
@@ -188,17 +205,9 @@ pub(crate) async fn list(
     open_only: bool,
     since: Option<&str>,
 ) -> Result<Vec<MoveRecord>, tokio_postgres::Error> {
-    let sql = format!(
-        "SELECT {COLUMNS} FROM shard_directory.shard_moves \
-         WHERE (finished_at IS NULL OR NOT $1) \
-           AND ($2::text IS NULL OR started_at >= $2::text::timestamptz) \
-         ORDER BY move_id DESC"
-    );
-    Ok(c.query(&sql, &[&open_only, &since])
-        .await?
-        .iter()
-        .map(MoveRecord::from_row)
-        .collect())
+    let filter = "(finished_at IS NULL OR NOT $1) \
+                  AND ($2::text IS NULL OR started_at >= $2::text::timestamptz)";
+    select(c, filter, &[&open_only, &since]).await
 }
 
 /// Every open move, and every move finished at or after `since` (any timestamptz input),
@@ -207,16 +216,17 @@ pub(crate) async fn open_or_finished_since(
     c: &impl GenericClient,
     since: &str,
 ) -> Result<Vec<MoveRecord>, tokio_postgres::Error> {
-    let sql = format!(
-        "SELECT {COLUMNS} FROM shard_directory.shard_moves \
-         WHERE finished_at IS NULL OR finished_at >= $1::text::timestamptz \
-         ORDER BY move_id DESC"
-    );
-    Ok(c.query(&sql, &[&since])
-        .await?
-        .iter()
-        .map(MoveRecord::from_row)
-        .collect())
+    let filter = "finished_at IS NULL OR finished_at >= $1::text::timestamptz";
+    select(c, filter, &[&since]).await
+}
+
+/// Every move of `key`, newest first.
+pub(crate) async fn of_entity(
+    c: &impl GenericClient,
+    key: &shard_directory_protocol::EntityKey,
+) -> Result<Vec<MoveRecord>, tokio_postgres::Error> {
+    let filter = "entity_type = $1 AND entity_id = $2";
+    select(c, filter, &[&key.entity_type, &key.entity_id]).await
 }
 
 /// What a new record says.

@@ -223,6 +223,46 @@ async fn measured(
     Ok(sizes)
 }
 
+/// One table's rows of an entity, counted, and their bytes (`pg_column_size` of each row).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TableSize {
+    pub table: String,
+    pub rows: i64,
+    pub bytes: i64,
+}
+
+/// `key`'s rows and bytes in each of its tables on `shard` (parents first), read whole: exact,
+/// not sampled as the planners' sizes are. An id that is not canonical for a table's key type
+/// (`08842` for a bigint) is refused, as a move refuses it: its rows would be another id's.
+pub(crate) async fn of_entity(
+    client: &Client,
+    shard: &str,
+    key: &EntityKey,
+) -> Result<Vec<TableSize>, Error> {
+    let tables = catalog::describe(client, &key.entity_type)
+        .await
+        .at(Step::Plan, shard)?;
+    let mut sizes = Vec::new();
+    for t in &tables {
+        crate::preflight::canonical_on(client, shard, t, key).await?;
+        let sql = format!(
+            "SELECT count(*), coalesce(sum(pg_column_size(t.*)), 0)::int8 FROM {} t WHERE t.{}",
+            t.quoted,
+            t.entity_predicate()
+        );
+        let row = client
+            .query_one(&sql, &[&key.entity_id])
+            .await
+            .at(Step::Plan, shard)?;
+        sizes.push(TableSize {
+            table: t.name.clone(),
+            rows: row.get(0),
+            bytes: row.get(1),
+        });
+    }
+    Ok(sizes)
+}
+
 /// The load of each entity with checked transactions in `shard`'s window.
 async fn loads(client: &Client, shard: &str) -> Result<Vec<(EntityKey, f64)>, Error> {
     Ok(client

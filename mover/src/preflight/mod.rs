@@ -711,7 +711,7 @@ async fn rows_on_source(
 /// check by the key's text, and the two agree only on a canonical id of a key type that can key
 /// an entity. `08842` for a bigint key would move the rows of `8842` and fence `08842`, which no
 /// row's key matches.
-async fn canonical_on(
+pub(crate) async fn canonical_on(
     client: &Client,
     shard: &str,
     t: &EntityTable,

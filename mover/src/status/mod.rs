@@ -2,12 +2,15 @@
 //! slot keeps on the source, and what stopped a way back. Its JSON form is stable for scripts
 //! (`schema_version`).
 
+pub(crate) mod slots;
 pub(crate) mod way_back;
 
 use serde::Serialize;
 use tokio_postgres::Client;
 
-use crate::directory::record::MoveRecord;
+use crate::directory::phase::Phase;
+use crate::directory::record::{Method, MoveRecord};
+use crate::run::replication::logical;
 
 /// The JSON form's version: raised when a field changes meaning or goes away.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -55,9 +58,27 @@ pub struct Slot {
     pub name: String,
     /// WAL the slot keeps on the source, from its restart position.
     pub retained_wal_bytes: i64,
+    /// How far its consumer is behind the source's WAL, from the position it confirmed: the
+    /// lag a catch-up waits out. `None` before it confirmed any.
+    pub lag_bytes: Option<i64>,
     /// `reserved`, `extended`, `unreserved` or `lost` (`max_slot_wal_keep_size`).
     pub wal_status: Option<String>,
     pub active: bool,
+}
+
+/// The shard and name of the slot an open move streams through, if it has one: a logical
+/// move's on its source; a reversible move's way back's on its target.
+pub(crate) fn slot_of(record: &MoveRecord) -> Option<(&str, String)> {
+    if record.phase.is_finished() {
+        return None;
+    }
+    match record.phase {
+        Phase::Reversible => Some((&record.target_shard, logical::way_back_name(record.move_id))),
+        _ if record.method == Method::Logical => {
+            Some((&record.source_shard, record.replication_name.clone()))
+        }
+        _ => None,
+    }
 }
 
 /// The session holding the advisory lock `(class, key)` in this database, if any.
@@ -95,7 +116,8 @@ pub(crate) async fn slot(
     let row = source
         .query_opt(
             "SELECT coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8, 0), \
-                    wal_status, active \
+                    wal_status, active, \
+                    pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::int8 \
              FROM pg_replication_slots WHERE slot_name = $1",
             &[&name],
         )
@@ -104,6 +126,7 @@ pub(crate) async fn slot(
         shard: shard.to_owned(),
         name: name.to_owned(),
         retained_wal_bytes: r.get(0),
+        lag_bytes: r.get(3),
         wal_status: r.get(1),
         active: r.get(2),
     }))

@@ -1,12 +1,13 @@
 //! The console's actions, served only with `--allow-actions`: a move's abort, resume, revert and
-//! finalize; a batch's pause, resume and abort. Each runs through the same library call as its
-//! CLI command. A GET only shows the confirmation form; the POST of that form, with the user's
+//! finalize; a batch's pause, resume and abort; a drawn plan run as a batch. Each runs through
+//! the same library calls as its CLI command. A GET only shows the confirmation form; the POST of that form, with the user's
 //! CSRF token (and, for a step that undoes or drops something, its confirmation box), starts
 //! the action in the console's process and answers at once with the page to follow it on. Every
 //! action is recorded: who asked, when, what, and how it ended, in `--audit-log` (JSON lines)
 //! and on the `/actions` page.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -14,7 +15,8 @@ use std::time::SystemTime;
 
 use maud::{html, Markup};
 use serde::Serialize;
-use shard_directory_mover::Mover;
+use shard_directory_mover::{BatchOptions, BatchPlan, BatchRun, Mover, Outcome};
+use tokio::sync::oneshot;
 
 /// What can be asked of a move or a batch.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -127,7 +129,8 @@ pub struct Record {
     pub user: String,
     pub action: &'static str,
     pub target: String,
-    /// `started`, then `done` or `failed: <why>`.
+    /// `started` (`asked`, for a plan's run), then `done`, `failed: <why>`, or for a plan's run
+    /// `ended: <why>` (paused or aborted before all its moves started).
     pub outcome: String,
 }
 
@@ -184,21 +187,45 @@ impl Audit {
     }
 }
 
-/// Starts `action` on `target` for `user`, in this process; records it asked and how it ended.
-/// It runs on a thread of its own, as the CLI command would in its process (some of the mover's
-/// futures are not `Send`), and goes on if the page that asked is closed.
-pub fn start(mover: Arc<Mover>, audit: Arc<Audit>, user: String, action: Action, target: Target) {
-    let asked = move |outcome: String| Record {
+/// How one action was asked: by whom, of what; each record stamped with the time it is made.
+fn asked(user: String, action: &'static str, target: String) -> impl Fn(String) -> Record {
+    move |outcome: String| Record {
         at: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
         user: user.clone(),
-        action: action.as_str(),
-        target: target.to_string(),
+        action,
+        target: target.clone(),
         outcome,
-    };
+    }
+}
+
+/// Runs `work` on a thread of its own, as the CLI command would in its process (some of the
+/// mover's futures are not `Send`); it goes on if the page that asked is closed.
+fn on_own_thread<F: Future<Output = ()> + 'static>(work: impl FnOnce() -> F + Send + 'static) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    match runtime {
+        Ok(runtime) => {
+            std::thread::spawn(move || runtime.block_on(work()));
+        }
+        Err(e) => tracing::error!("an action's runtime: {e}"),
+    }
+}
+
+/// How an action ended, as recorded.
+fn ended(result: Result<(), String>) -> String {
+    match result {
+        Ok(()) => "done".into(),
+        Err(why) => format!("failed: {why}"),
+    }
+}
+
+/// Starts `action` on `target` for `user`, in this process; records it asked and how it ended.
+pub fn start(mover: Arc<Mover>, audit: Arc<Audit>, user: String, action: Action, target: Target) {
+    let asked = asked(user, action.as_str(), target.to_string());
     audit.record(asked("started".into()));
-    // Made on that thread: the future itself need not be `Send`.
-    let run = move || async move {
-        let ended = match (action, target) {
+    on_own_thread(move || async move {
+        let result = match (action, target) {
             (Action::Abort, Target::Move(id)) => {
                 mover.abort(id).await.map(drop).map_err(|f| f.to_string())
             }
@@ -230,20 +257,82 @@ pub fn start(mover: Arc<Mover>, audit: Arc<Audit>, user: String, action: Action,
                 .map_err(|e| e.to_string()),
             (action, target) => Err(format!("{} does not apply to {target}", action.as_str())),
         };
-        audit.record(asked(match ended {
-            Ok(()) => "done".into(),
-            Err(why) => format!("failed: {why}"),
-        }));
+        audit.record(asked(ended(result)));
+    });
+}
+
+/// How a batch's run ended, as recorded: `done` only when every planned move moved or was
+/// skipped; `failed: ...` naming the moves that failed and the runner's stop; `ended: ...` when
+/// it was paused or aborted before starting some.
+fn run_outcome(batch_id: i64, run: &BatchRun) -> String {
+    let what = |m: &shard_directory_mover::PlannedMove| {
+        format!("{}/{} to {}", m.entity_type, m.entity_id, m.to)
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build();
-    match runtime {
-        Ok(runtime) => {
-            std::thread::spawn(move || runtime.block_on(run()));
-        }
-        Err(e) => tracing::error!("an action's runtime: {e}"),
+    let mut failed: Vec<String> = run
+        .moves
+        .iter()
+        .filter_map(|(m, outcome)| match outcome {
+            Outcome::Failed(f) => Some(format!("{} failed: {f}", what(m))),
+            _ => None,
+        })
+        .collect();
+    failed.extend(
+        run.stopped
+            .as_ref()
+            .map(|e| format!("the runner stopped: {e}")),
+    );
+    let unstarted: Vec<String> = run
+        .moves
+        .iter()
+        .filter(|(_, outcome)| matches!(outcome, Outcome::NotStarted))
+        .map(|(m, _)| what(m))
+        .collect();
+    let status = format!("`shard-directory batch status {batch_id}` shows it");
+    if !failed.is_empty() {
+        format!("failed: batch {batch_id}: {}; {status}", failed.join("; "))
+    } else if !unstarted.is_empty() {
+        format!(
+            "ended: batch {batch_id} paused or aborted before {}; {status}",
+            unstarted.join(", ")
+        )
+    } else {
+        "done".into()
     }
+}
+
+/// Runs `plan` as a new batch for `user`, as `drain|split|rebalance --apply` does: recorded
+/// (the batch's id answered at once, or why it was not recorded), then run to its end in this
+/// process. Recorded as asked, as started and as ended.
+pub fn run_plan(
+    mover: Arc<Mover>,
+    audit: Arc<Audit>,
+    user: String,
+    plan: BatchPlan,
+    options: BatchOptions,
+) -> oneshot::Receiver<Result<i64, String>> {
+    let (tx, rx) = oneshot::channel();
+    let what = format!("{}: {} moves", plan.purpose, plan.moves.len());
+    let record = asked(user.clone(), "run plan", what.clone());
+    audit.record(record("asked".into()));
+    on_own_thread(move || async move {
+        let batch_id = match mover.record_batch(&plan, options).await {
+            Ok(id) => id,
+            Err(e) => {
+                audit.record(record(ended(Err(e.to_string()))));
+                let _ = tx.send(Err(e.to_string()));
+                return;
+            }
+        };
+        let record = asked(user, "run plan", format!("batch {batch_id} ({what})"));
+        audit.record(record("started".into()));
+        let _ = tx.send(Ok(batch_id));
+        let outcome = match mover.resume_batch(batch_id).await {
+            Ok(run) => run_outcome(batch_id, &run),
+            Err(e) => ended(Err(e.to_string())),
+        };
+        audit.record(record(outcome));
+    });
+    rx
 }
 
 /// The confirmation form of `action` on `target`: a POST with the user's CSRF token.

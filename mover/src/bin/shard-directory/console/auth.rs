@@ -7,9 +7,14 @@
 //! as. Tokens are compared by their HMAC under a key drawn at start, in constant time.
 //!
 //! Every form that changes something carries a CSRF token (an HMAC of the user's name under
-//! that key) and is refused without it, or when its `Origin` is another site's.
+//! that key) and is refused without it, or when its `Origin` is another site's. A form that
+//! starts something new (a plan's run) also carries a token good for one use, so that a form
+//! sent twice does not start it twice.
 
+use std::collections::HashSet;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use axum::http::{header, HeaderMap};
 use hmac::{KeyInit, Mac};
@@ -25,6 +30,9 @@ pub struct Users {
     key: [u8; 32],
     /// Each user's name and the HMAC of their token.
     users: Vec<(String, Vec<u8>)>,
+    /// The number of the next single-use token, and those used.
+    issued: AtomicU64,
+    used: Mutex<HashSet<u64>>,
 }
 
 impl Users {
@@ -41,6 +49,8 @@ impl Users {
         let mut users = Users {
             key,
             users: Vec::new(),
+            issued: AtomicU64::new(0),
+            used: Mutex::new(HashSet::new()),
         };
         for (n, line) in text.lines().enumerate() {
             let line = line.trim();
@@ -121,5 +131,28 @@ impl Users {
         let mut m = Hmac::new_from_slice(&self.key).expect("any key length");
         m.update(format!("csrf {user}").as_bytes());
         same_origin && m.verify_slice(&presented).is_ok()
+    }
+
+    /// A new token for one use by `user`: its number and the number's HMAC.
+    pub fn once(&self, user: &str) -> String {
+        let n = self.issued.fetch_add(1, Ordering::Relaxed);
+        format!(
+            "{n}.{}",
+            hex::encode(self.mac(format!("once {n} {user}").as_bytes()))
+        )
+    }
+
+    /// Whether `token` is one [`Users::once`] made for `user` and was not used yet; it is used
+    /// now.
+    pub fn use_once(&self, user: &str, token: &str) -> bool {
+        let Some((n, presented)) = token.split_once('.') else {
+            return false;
+        };
+        let (Ok(n), Ok(presented)) = (n.parse::<u64>(), hex::decode(presented)) else {
+            return false;
+        };
+        let mut m = Hmac::new_from_slice(&self.key).expect("any key length");
+        m.update(format!("once {n} {user}").as_bytes());
+        m.verify_slice(&presented).is_ok() && self.used.lock().expect("used lock").insert(n)
     }
 }

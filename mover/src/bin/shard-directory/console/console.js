@@ -1,6 +1,6 @@
-// The console's only script. Without it every page still reads; with it the moves list is
-// live (server-sent events from /events: each event is the list, rendered by the server) and
-// times show in the viewer's zone, UTC on hover.
+// The console's only script. Without it every page still reads; with it the moves list and a
+// batch's page are live (server-sent events: each event is the section, rendered by the server)
+// and times show in the viewer's zone, UTC on hover.
 "use strict";
 
 function localTimes(root) {
@@ -15,12 +15,13 @@ function localTimes(root) {
 
 document.addEventListener("DOMContentLoaded", () => {
   localTimes(document);
-  const moves = document.querySelector("#moves[data-events]");
-  if (!moves || !window.EventSource) return;
-  const events = new EventSource(moves.dataset.events);
-  events.addEventListener("moves", (e) => {
-    moves.innerHTML = e.data;
-    localTimes(moves);
-    moves.dataset.updated = String(Number(moves.dataset.updated || 0) + 1);
-  });
+  if (!window.EventSource) return;
+  for (const section of document.querySelectorAll("[data-events]")) {
+    const events = new EventSource(section.dataset.events);
+    events.addEventListener(section.dataset.event || "moves", (e) => {
+      section.innerHTML = e.data;
+      localTimes(section);
+      section.dataset.updated = String(Number(section.dataset.updated || 0) + 1);
+    });
+  }
 });

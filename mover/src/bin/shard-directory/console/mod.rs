@@ -8,13 +8,15 @@
 //! - `live`: the one directory session (LISTEN and the moves' reads), shared by every watcher;
 //! - `pages`: the HTML, rendered on the server, with `console.css` and `console.js` embedded;
 //! - `auth`: `--token-file`'s users, their login and the forms' CSRF tokens;
+//! - `tls`: the console's own HTTPS (`--tls-cert`, `--tls-key`);
 //! - `actions`: what `--allow-actions` serves (a move's abort, resume, revert, finalize; a
-//!   batch's pause, resume, abort), each confirmed by a form and recorded.
+//!   batch's pause, resume, abort; a drawn plan run), each confirmed by a form and recorded.
 
 mod actions;
 mod auth;
 mod live;
 mod pages;
+mod tls;
 
 use std::convert::Infallible;
 use std::future::{Future, IntoFuture};
@@ -23,19 +25,20 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Form, MatchedPath, Path, Query, Request, State};
+use axum::extract::{Form, MatchedPath, Path, Query, RawQuery, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Redirect, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Extension;
 use axum::Router;
 use futures_util::Stream;
 use maud::Markup;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
-use shard_directory_mover::{with_password, BatchPlan, Error, Fleet, Mover, Weigh};
+use sha2::{Digest, Sha256};
+use shard_directory_mover::{with_password, BatchOptions, BatchPlan, Error, Fleet, Mover, Weigh};
 use shard_directory_protocol::EntityKey;
 
 use crate::output::Outcome;
@@ -54,13 +57,19 @@ pub struct ConsoleArgs {
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
     /// Serve the actions: abort, resume, revert and finalize a move; pause, resume and abort a
-    /// batch. Needs --token-file.
+    /// batch; run a drain, split or rebalance drawn on the fleet page. Needs --token-file.
     #[arg(long, requires = "token_file")]
     allow_actions: bool,
     /// Append every action (who, when, what, how it ended) to this file, a JSON line each; it
     /// is also logged to stderr and listed at /actions.
     #[arg(long, value_name = "FILE")]
     audit_log: Option<PathBuf>,
+    /// Serve HTTPS with this certificate (PEM, the chain from the console's own certificate up).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM, PKCS #8).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 fn base_path(s: &str) -> Result<String, String> {
@@ -95,6 +104,8 @@ struct Console {
     users: Option<auth::Users>,
     actions: bool,
     audit: Arc<actions::Audit>,
+    /// Served over HTTPS: the login cookie is `Secure`.
+    https: bool,
 }
 
 /// The user a request was authenticated as (with `--token-file`).
@@ -120,14 +131,20 @@ pub async fn console(
         None => None,
     };
     let audit = actions::Audit::open(args.audit_log.as_ref()).map_err(Outcome::Usage)?;
+    let acceptor = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(tls::acceptor(cert, key).await.map_err(Outcome::Usage)?),
+        _ => None,
+    };
+    let live = Live::start(with_password(directory), mover.slots());
     let console = Arc::new(Console {
         mover: Arc::new(mover),
-        live: Live::start(with_password(directory)),
+        live,
         base: base.clone(),
         metrics,
         users,
         actions: args.allow_actions,
         audit: Arc::new(audit),
+        https: acceptor.is_some(),
     });
     let at = |path: &str| format!("{base}{path}");
     let mut routes = Router::new()
@@ -139,6 +156,7 @@ pub async fn console(
         .route(&at("/events"), get(events))
         .route(&at("/metrics"), get(prometheus))
         .route(&at("/batches/{batch_id}"), get(batch))
+        .route(&at("/batches/{batch_id}/events"), get(batch_events))
         .route(&at("/actions"), get(recorded))
         .route(&at("/login"), get(login_form).post(login))
         .route(&at("/assets/console.css"), get(css))
@@ -152,7 +170,8 @@ pub async fn console(
             .route(
                 &at("/batches/{batch_id}/{action}"),
                 get(confirm_batch).post(act_on_batch),
-            );
+            )
+            .route(&at("/plans/run"), post(run_plan));
     }
     if !base.is_empty() {
         let home = at("/");
@@ -175,14 +194,24 @@ pub async fn console(
         .local_addr()
         .map_err(|e| Outcome::Failed(1, format!("console: {e}")))?;
     // One line on stdout, for scripts (and the tests) that picked port 0.
-    println!("console: http://{bound}{base}/");
+    let scheme = if acceptor.is_some() { "https" } else { "http" };
+    println!("console: {scheme}://{bound}{base}/");
+    let served = async move {
+        let served = match acceptor {
+            Some(acceptor) => {
+                let listener = tls::TlsListener::new(listener, acceptor)
+                    .map_err(|e| Outcome::Failed(1, format!("console: {e}")))?;
+                axum::serve(listener, app).into_future().await
+            }
+            None => axum::serve(listener, app).into_future().await,
+        };
+        served.map_err(|e| Outcome::Failed(1, format!("console: {e}")))
+    };
     // Stopped at once when asked: a graceful shutdown would wait for every event stream, and
     // those end only when their pages close. An action under way is left as its CLI command
     // killed would leave it (resumable).
     tokio::select! {
-        served = axum::serve(listener, app).into_future() => {
-            served.map_err(|e| Outcome::Failed(1, format!("console: {e}")))
-        }
+        served = served => served,
         () = crate::moves::interrupted() => Ok(()),
     }
 }
@@ -214,6 +243,9 @@ impl From<Error> for Problem {
 /// and answers nothing gets an error page, not a request that never ends.
 const PAGE_WITHIN: Duration = Duration::from_secs(20);
 
+/// How long the tenant page's count of its rows may run on its shard (`statement_timeout`).
+const COUNT_WITHIN: Duration = Duration::from_secs(10);
+
 /// `read`, within [`PAGE_WITHIN`].
 async fn within<T>(read: impl Future<Output = Result<T, Error>>) -> Result<T, Problem> {
     match tokio::time::timeout(PAGE_WITHIN, read).await {
@@ -222,7 +254,7 @@ async fn within<T>(read: impl Future<Output = Result<T, Error>>) -> Result<T, Pr
     }
 }
 
-/// A page, or an error page with the status that says why: 404 an unknown move, 400 input the
+/// A page, or an error page with the status that says why: 404 an unknown move or batch, 400 input the
 /// server refused (SQLSTATE class 22: a time that is not one, a NUL), 504 no answer in time,
 /// 502 any other failure of the directory or a shard.
 fn answer(c: &Console, title: &str, made: Result<Markup, Problem>) -> Response {
@@ -234,7 +266,7 @@ fn answer(c: &Console, title: &str, made: Result<Markup, Problem>) -> Response {
         ),
         Err(Problem::Mover(e)) => {
             let status = match &e {
-                Error::UnknownMove(_) => StatusCode::NOT_FOUND,
+                Error::UnknownMove(_) | Error::UnknownBatch(_) => StatusCode::NOT_FOUND,
                 Error::Config(_) => StatusCode::BAD_REQUEST,
                 Error::Db { source, .. }
                     if source.code().is_some_and(|c| c.code().starts_with("22")) =>
@@ -324,7 +356,25 @@ impl FleetQuery {
     }
 }
 
-async fn fleet(State(c): Shared, Query(q): Query<FleetQuery>) -> Response {
+/// What a drawn plan is known by: its moves (entity, from, to). The run form carries it, and a
+/// plan made again when the form is sent runs only if it is still the one drawn.
+fn digest(plan: &BatchPlan) -> String {
+    let mut h = Sha256::new();
+    for m in &plan.moves {
+        for part in [&m.entity_type, &m.entity_id, &m.from, &m.to] {
+            h.update(part.as_bytes());
+            h.update([0]);
+        }
+    }
+    hex::encode(h.finalize())
+}
+
+async fn fleet(
+    State(c): Shared,
+    user: Option<Extension<User>>,
+    RawQuery(raw): RawQuery,
+    Query(q): Query<FleetQuery>,
+) -> Response {
     let bad = |message: String| {
         (
             StatusCode::BAD_REQUEST,
@@ -338,21 +388,39 @@ async fn fleet(State(c): Shared, Query(q): Query<FleetQuery>) -> Response {
     };
     // A shard of extension 0.1.0 has no entity_stats(): the fleet without load, then. Sizes
     // measured now are not kept (a GET changes nothing).
-    let fleet = match within(c.mover.fleet_as_seen(true)).await {
+    let seen = async {
+        match within(c.mover.fleet_as_seen(true)).await {
+            Err(Problem::Slow) => Err(Problem::Slow),
+            Err(_) => within(c.mover.fleet_as_seen(false)).await,
+            seen => seen,
+        }
+    };
+    // The wait for the live session's first read runs beside the fleet's read, not after it.
+    let (fleet, live) = tokio::join!(seen, c.live.read());
+    let fleet = match fleet {
         Ok(f) => f,
-        Err(Problem::Slow) => return answer(&c, "Fleet", Err(Problem::Slow)),
-        Err(_) => match within(c.mover.fleet_as_seen(false)).await {
-            Ok(f) => f,
-            Err(e) => return answer(&c, "Fleet", Err(e)),
-        },
+        Err(e) => return answer(&c, "Fleet", Err(e)),
     };
     let plan = match q.plan(&fleet, by) {
         Ok(plan) => plan,
         Err(message) => return bad(message),
     };
+    // With actions, a drawn plan that moves something can be run from the page.
+    let run = match (&plan, &user, &c.users) {
+        (Some(p), Some(Extension(user)), Some(users)) if c.actions && !p.moves.is_empty() => {
+            Some(pages::RunForm {
+                action: format!("{}/plans/run?{}", c.base, raw.unwrap_or_default()),
+                csrf: users.csrf(&user.0),
+                once: users.once(&user.0),
+                digest: digest(p),
+            })
+        }
+        _ => None,
+    };
+    let asked = plan.as_ref().map(|p| (p, q.command(by), run));
     let body = maud::html! {
-        (pages::fleet(&c.base, &fleet, by, &c.live.now()))
-        (pages::plans(&c.base, &fleet, by, plan.as_ref().map(|p| (p, q.command(by)))))
+        (pages::fleet(&c.base, &fleet, by, &live))
+        (pages::plans(&c.base, &fleet, by, asked))
     };
     answer(&c, "Fleet", Ok(body))
 }
@@ -365,10 +433,11 @@ struct MovesQuery {
 async fn moves(State(c): Shared, Query(q): Query<MovesQuery>) -> Response {
     if q.all.is_some() {
         let made = within(c.mover.list(false, None)).await;
-        let made = made.map(|m| pages::moves_rows(&c.base, &m, "No move was ever made."));
+        let made = made.map(|m| pages::moves_rows(&c.base, &m, None, "No move was ever made."));
         return answer(&c, "Every move", made);
     }
-    let body = pages::moves(&c.base, &c.live.now());
+    let live = c.live.read().await;
+    let body = pages::moves(&c.base, &live);
     answer(&c, "Moves", Ok(body))
 }
 
@@ -413,19 +482,21 @@ async fn tenant(
             Some(when) => Some((when, c.mover.placement_at(&key, when).await?)),
             None => None,
         };
-        let moves: Vec<_> = c
+        let moves = c.mover.moves_of(&key).await?;
+        // A shard that does not answer, or an entity too large to count in time, leaves the
+        // rest of the page standing.
+        let tables = c
             .mover
-            .list(false, None)
-            .await?
-            .into_iter()
-            .filter(|m| m.entity() == key)
-            .collect();
+            .entity_tables(&key, COUNT_WITHIN)
+            .await
+            .map_err(|e| e.to_string());
         let at = at.as_ref().map(|(when, shard)| (*when, shard.as_deref()));
         Ok(pages::tenant(
             &c.base,
             &key,
             placement.as_ref(),
             at,
+            &tables,
             &history,
             &moves,
         ))
@@ -446,9 +517,41 @@ async fn events(State(c): Shared) -> Sse<impl Stream<Item = Result<Event, Infall
                     return None;
                 }
                 let snapshot = rx.borrow_and_update().clone();
-                let html = pages::moves_table(&base, &snapshot).into_string();
+                let html = snapshot.rendered(|s| pages::moves_table(&base, s).into_string());
                 let event = Event::default().event("moves").data(html);
                 Some((Ok(event), (rx, watching, false)))
+            }
+        },
+    );
+    Sse::new(stream).keep_alive(KeepAlive::default())
+}
+
+/// Batch `batch_id`'s section, sent again whenever it changes in the live snapshot (which holds
+/// the open batches and those finished in the last hour), as server-sent events.
+async fn batch_events(
+    State(c): Shared,
+    Path(batch_id): Path<i64>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let watching = Watching::new();
+    let (base, actions) = (c.base.clone(), c.actions);
+    let stream = futures_util::stream::unfold(
+        (c.live.watch(), watching, None::<String>),
+        move |(mut rx, watching, mut sent)| {
+            let base = base.clone();
+            async move {
+                loop {
+                    let html = {
+                        let snapshot = rx.borrow_and_update();
+                        let b = snapshot.batches.iter().find(|b| b.batch_id == batch_id);
+                        b.map(|b| pages::batch_section(&base, b, actions).into_string())
+                    };
+                    if let Some(html) = html.filter(|h| sent.as_ref() != Some(h)) {
+                        sent = Some(html.clone());
+                        let event = Event::default().event("batch").data(html);
+                        return Some((Ok(event), (rx, watching, sent)));
+                    }
+                    rx.changed().await.ok()?;
+                }
             }
         },
     );
@@ -545,8 +648,9 @@ async fn login(State(c): Shared, Form(f): Form<Login>) -> Response {
     } else {
         c.base.as_str()
     };
+    let secure = if c.https { "; Secure" } else { "" };
     let cookie = format!(
-        "{}={}; Path={path}; HttpOnly; SameSite=Strict",
+        "{}={}; Path={path}; HttpOnly; SameSite=Strict{secure}",
         auth::COOKIE,
         f.token
     );
@@ -627,6 +731,34 @@ struct Asked {
     confirm: Option<String>,
 }
 
+/// A form of this console's, sent by `user` (its CSRF token and origin), and confirmed when
+/// `destructive`; else the page that says why not.
+fn checked(
+    c: &Console,
+    user: &User,
+    headers: &HeaderMap,
+    (csrf, confirm): (&str, Option<&str>),
+    destructive: bool,
+    what: &str,
+) -> Result<(), Box<Response>> {
+    let ours = c
+        .users
+        .as_ref()
+        .is_some_and(|u| u.form_is_ours(&user.0, csrf, headers));
+    if !ours {
+        let message =
+            "the form is not this console's (CSRF token or origin): reload the page and ask again";
+        let page = pages::error(&c.base, "Action", message);
+        return Err(Box::new((StatusCode::FORBIDDEN, page).into_response()));
+    }
+    if destructive && confirm != Some("yes") {
+        let message = format!("{what} needs its confirmation box ticked");
+        let page = pages::error(&c.base, "Action", &message);
+        return Err(Box::new((StatusCode::BAD_REQUEST, page).into_response()));
+    }
+    Ok(())
+}
+
 /// A confirmation form's POST: checked (CSRF, same origin, confirmed), started, recorded; the
 /// answer is the page to follow it on.
 fn act(
@@ -641,29 +773,10 @@ fn act(
         Ok(a) => a,
         Err(r) => return *r,
     };
-    let ours = c
-        .users
-        .as_ref()
-        .is_some_and(|u| u.form_is_ours(&user.0, &asked.csrf, headers));
-    if !ours {
-        let message =
-            "the form is not this console's (CSRF token or origin): reload the page and ask again";
-        return (
-            StatusCode::FORBIDDEN,
-            pages::error(&c.base, "Action", message),
-        )
-            .into_response();
-    }
-    if action.destructive() && asked.confirm.as_deref() != Some("yes") {
-        let message = format!(
-            "{} {target} needs its confirmation box ticked",
-            action.as_str()
-        );
-        return (
-            StatusCode::BAD_REQUEST,
-            pages::error(&c.base, "Action", &message),
-        )
-            .into_response();
+    let what = format!("{} {target}", action.as_str());
+    let form = (asked.csrf.as_str(), asked.confirm.as_deref());
+    if let Err(refused) = checked(c, user, headers, form, action.destructive(), &what) {
+        return *refused;
     }
     actions::start(
         c.mover.clone(),
@@ -700,4 +813,98 @@ async fn act_on_batch(
         &name,
         asked,
     )
+}
+
+#[derive(Deserialize)]
+struct RunAsked {
+    csrf: String,
+    confirm: Option<String>,
+    /// The form's single-use token ([`auth::Users::once`]).
+    once: String,
+    /// The drawn plan's [`digest`].
+    digest: String,
+    parallel: Option<usize>,
+    per_shard: Option<usize>,
+}
+
+/// The most moves at once a run may ask for (the batch keeps them as an `integer`).
+const MAX_AT_ONCE: usize = 1000;
+
+/// The run form's POST (its plan's settings in the query, as the fleet page drew it): checked,
+/// planned again from the fleet as it is now (as `drain|split|rebalance --apply` plans), refused
+/// if that plan is not the one drawn, else recorded as a batch and run; the answer is the
+/// batch's page.
+async fn run_plan(
+    State(c): Shared,
+    Extension(user): Extension<User>,
+    headers: HeaderMap,
+    Query(q): Query<FleetQuery>,
+    Form(run): Form<RunAsked>,
+) -> Response {
+    let page = |status: StatusCode, message: &str| {
+        (status, pages::error(&c.base, "Run a plan", message)).into_response()
+    };
+    let form = (run.csrf.as_str(), run.confirm.as_deref());
+    if let Err(refused) = checked(&c, &user, &headers, form, true, "running a plan") {
+        return *refused;
+    }
+    let at_once = |n: Option<usize>, name: &str| match n.unwrap_or(1) {
+        n @ 1..=MAX_AT_ONCE => Ok(n),
+        n => Err(format!("{name}={n}: from 1 to {MAX_AT_ONCE}")),
+    };
+    let options = match (
+        at_once(run.parallel, "parallel"),
+        at_once(run.per_shard, "per_shard"),
+    ) {
+        (Ok(parallel), Ok(per_shard)) => BatchOptions {
+            parallel,
+            per_shard,
+        },
+        (Err(message), _) | (_, Err(message)) => return page(StatusCode::BAD_REQUEST, &message),
+    };
+    let by = match q.by() {
+        Ok(by) => by,
+        Err(message) => return page(StatusCode::BAD_REQUEST, &message),
+    };
+    let fresh = c
+        .users
+        .as_ref()
+        .is_some_and(|u| u.use_once(&user.0, &run.once));
+    if !fresh {
+        let message = "this form was sent already (or before the console started): draw the \
+                       plan again to run it";
+        return page(StatusCode::CONFLICT, message);
+    }
+    let fleet = match within(c.mover.fleet(by == Weigh::Load)).await {
+        Ok(f) => f,
+        Err(e) => return answer(&c, "Run a plan", Err(e)),
+    };
+    let plan = match q.plan(&fleet, by) {
+        Ok(Some(plan)) => plan,
+        Ok(None) => return page(StatusCode::BAD_REQUEST, "no plan asked (plan=)"),
+        Err(message) => return page(StatusCode::BAD_REQUEST, &message),
+    };
+    if plan.moves.is_empty() {
+        return page(StatusCode::BAD_REQUEST, "the plan moves nothing");
+    }
+    if digest(&plan) != run.digest {
+        let message = format!(
+            "the plan is no longer the one drawn (it now makes {} moves): look at it again \
+             before running it",
+            plan.moves.len()
+        );
+        return page(StatusCode::CONFLICT, &message);
+    }
+    let recorded = actions::run_plan(c.mover.clone(), c.audit.clone(), user.0, plan, options);
+    match tokio::time::timeout(PAGE_WITHIN, recorded).await {
+        Ok(Ok(Ok(batch_id))) => {
+            Redirect::to(&actions::Target::Batch(batch_id).page(&c.base)).into_response()
+        }
+        Ok(Ok(Err(why))) => page(StatusCode::BAD_GATEWAY, &format!("not run: {why}")),
+        Ok(Err(_)) => page(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the action's thread ended",
+        ),
+        Err(_) => answer(&c, "Run a plan", Err(Problem::Slow)),
+    }
 }

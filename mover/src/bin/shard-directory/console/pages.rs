@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use maud::{html, Markup, DOCTYPE};
 use shard_directory_mover::{
     BatchPlan, BatchState, BatchStatus, Fleet, HistoryRow, MoveRecord, MoveStatus, Phase,
-    Placement, Weigh,
+    Placement, TableSize, Weigh,
 };
 use shard_directory_protocol::EntityKey;
 
@@ -127,10 +127,14 @@ pub fn fleet(base: &str, fleet: &Fleet, by: Weigh, live: &Snapshot) -> Markup {
         t.load += e.size.load;
     }
     let heaviest = totals.values().map(|t| t.weight(by)).fold(0.0, f64::max);
-    let open = |shard: &str| {
-        live.open()
+    // Before the first read the count is unknown, not 0.
+    let open = |shard: &str| match live.read_at {
+        Some(_) => live
+            .open()
             .filter(|m| m.source_shard == shard || m.target_shard == shard)
             .count()
+            .to_string(),
+        None => "?".to_owned(),
     };
     let region = |shard: &str| {
         fleet
@@ -155,6 +159,7 @@ pub fn fleet(base: &str, fleet: &Fleet, by: Weigh, live: &Snapshot) -> Markup {
                 " " (shard) ": rows and bytes as measured " (humantime::format_duration(std::time::Duration::from_secs(age.as_secs()))) " ago."
             }
         }
+        (session_notice(live))
         table #shards {
             thead { tr {
                 th { "shard" } th { "region" } th { "entities" } th { "rows" } th { "bytes" }
@@ -182,7 +187,20 @@ pub fn fleet(base: &str, fleet: &Fleet, by: Weigh, live: &Snapshot) -> Markup {
 /// The forms that ask the planners what a drain, a split or a rebalance would move (a GET:
 /// nothing is planned for real, nothing runs), and the answer to the one asked: each shard
 /// before and after, and the moves.
-pub fn plans(base: &str, fleet: &Fleet, by: Weigh, asked: Option<(&BatchPlan, String)>) -> Markup {
+/// The form that runs a drawn plan (with actions): where it posts, the user's CSRF token, and the
+/// plan's digest.
+pub struct RunForm {
+    pub action: String,
+    pub csrf: String,
+    /// Good for one run: the form sent twice runs once.
+    pub once: String,
+    pub digest: String,
+}
+
+/// A drawn plan, the CLI command that runs it, and the form that runs it from here (actions).
+pub type Asked<'a> = (&'a BatchPlan, String, Option<RunForm>);
+
+pub fn plans(base: &str, fleet: &Fleet, by: Weigh, asked: Option<Asked>) -> Markup {
     let shards: Vec<&str> = fleet.shards.iter().map(|s| s.name.as_str()).collect();
     let by = weigh_name(by);
     html! {
@@ -208,8 +226,8 @@ pub fn plans(base: &str, fleet: &Fleet, by: Weigh, asked: Option<(&BatchPlan, St
                 button { "Plan" }
             }
         }
-        @if let Some((plan, command)) = asked {
-            (plan_answer(plan, &command))
+        @if let Some((plan, command, run)) = asked {
+            (plan_answer(plan, &command, run.as_ref()))
         }
     }
 }
@@ -222,7 +240,7 @@ fn shard_choice(name: &str, shards: &[&str]) -> Markup {
     }
 }
 
-fn plan_answer(plan: &BatchPlan, command: &str) -> Markup {
+fn plan_answer(plan: &BatchPlan, command: &str, run: Option<&RunForm>) -> Markup {
     let by = plan.by;
     let heaviest = plan
         .shards
@@ -274,6 +292,17 @@ fn plan_answer(plan: &BatchPlan, command: &str) -> Markup {
                 p { (plan.skipped.len()) " entities left where they are: their freeze would outlast --max-freeze." }
             }
             p.hint { "To run it: " code { (command) } }
+            @if let Some(run) = run {
+                form.run method="post" action=(run.action) {
+                    input type="hidden" name="csrf" value=(run.csrf);
+                    input type="hidden" name="once" value=(run.once);
+                    input type="hidden" name="digest" value=(run.digest);
+                    "At once " input name="parallel" value="1" size="3";
+                    " (per shard " input name="per_shard" value="1" size="3"; ") "
+                    label { input type="checkbox" name="confirm" value="yes" required; " I mean it" }
+                    " " button.action { "run this plan" }
+                }
+            }
         }
     }
 }
@@ -291,22 +320,33 @@ pub fn moves(base: &str, live: &Snapshot) -> Markup {
 /// The table of `live`'s moves: what each watcher is sent on each change.
 pub fn moves_table(base: &str, live: &Snapshot) -> Markup {
     html! {
-        @if let Some(error) = &live.error {
-            p.error { "The console's directory session is down: " (error) ". Showing the last read." }
-        }
-        @if live.read_at.is_none() {
-            p.none { "The moves have not been read yet." }
-        } @else {
-            (moves_rows(base, &live.moves, "No move is open, and none finished in the last hour."))
-        }
+        (session_notice(live))
         @if let Some(at) = live.read_at {
+            (moves_rows(base, &live.moves, Some(live), "No move is open, and none finished in the last hour."))
             p.read { "Read at " (time(&humantime::format_rfc3339_seconds(at).to_string())) }
         }
     }
 }
 
-/// Moves, one row each; `none` when there are none.
-pub fn moves_rows(base: &str, moves: &[MoveRecord], none: &str) -> Markup {
+/// What the live session's state makes of the moves a page shows: the last read while the
+/// session is down, nothing before the first read. Neither is "no move is open".
+fn session_notice(live: &Snapshot) -> Markup {
+    html! {
+        @if let Some(error) = &live.error {
+            p.error { "The console's directory session is down: " (error) ". Showing the last read." }
+        }
+        @if live.read_at.is_none() {
+            p.none { "The moves have not been read yet." }
+        }
+    }
+}
+
+/// Moves, one row each; `none` when there are none. With `live` (the moves list), each open
+/// move's slot lag and retained WAL as last read, and how long a freeze held now has lasted.
+pub fn moves_rows(base: &str, moves: &[MoveRecord], live: Option<&Snapshot>, none: &str) -> Markup {
+    let no_slots = BTreeMap::new();
+    let slots = live.map_or(&no_slots, |l| &l.slots);
+    let read_at = live.and_then(|l| l.read_at);
     html! {
         @if moves.is_empty() {
             p.none { (none) }
@@ -315,11 +355,13 @@ pub fn moves_rows(base: &str, moves: &[MoveRecord], none: &str) -> Markup {
                 thead { tr {
                     th { "move" } th { "entity" } th { "from" } th { "to" } th { "method" }
                     th { "phase" } th { "progress" } th { "rate" } th { "ETA" }
-                    th { "longest freeze" } th { "started" } th { "last error" }
+                    th { "lag" } th { "retained WAL" } th { "freeze" }
+                    th { "started" } th { "last error" }
                 } }
                 tbody {
                     @for m in moves {
                         @let (done, of) = progress(m);
+                        @let slot = slots.get(&m.move_id);
                         tr data-move=(m.move_id) data-phase=(m.phase.as_str()) {
                             td { a href={ (base) "/moves/" (m.move_id) } { (m.move_id) } }
                             td { (tenant_link(base, &m.entity())) }
@@ -330,7 +372,9 @@ pub fn moves_rows(base: &str, moves: &[MoveRecord], none: &str) -> Markup {
                             td { progress value=(done) max=(of.max(1)) {} " " (done) " / " (of) }
                             td.n { (rate(m)) }
                             td.n { (eta(m)) }
-                            td.n { (m.max_freeze_seen_ms.map(|ms| format!("{ms} ms")).unwrap_or_default()) }
+                            td.n.lag { (slot.and_then(|s| s.lag_bytes).map(bytes).unwrap_or_default()) }
+                            td.n.retained { (slot.map(|s| bytes(s.retained_wal_bytes)).unwrap_or_default()) }
+                            td.n.freeze { (freeze(m, read_at)) }
                             td { (time(&m.started_at)) }
                             td.error { (m.last_error.clone().unwrap_or_default()) }
                         }
@@ -338,6 +382,25 @@ pub fn moves_rows(base: &str, moves: &[MoveRecord], none: &str) -> Markup {
                 }
             }
         }
+    }
+}
+
+/// A freeze held now, and for how long at `read_at`; else the longest the move held.
+fn freeze(m: &MoveRecord, read_at: Option<std::time::SystemTime>) -> String {
+    let held = matches!(m.phase, Phase::Frozen | Phase::Verified);
+    let since = m
+        .freeze_started_at
+        .as_deref()
+        .and_then(|t| humantime::parse_rfc3339(t).ok());
+    match (held, since, read_at) {
+        (true, Some(since), Some(at)) => {
+            let ms = at.duration_since(since).unwrap_or_default().as_millis();
+            format!("frozen {ms} ms")
+        }
+        _ => m
+            .max_freeze_seen_ms
+            .map(|ms| format!("longest {ms} ms"))
+            .unwrap_or_default(),
     }
 }
 
@@ -412,7 +475,9 @@ pub fn move_detail(base: &str, s: &MoveStatus, actions: bool) -> Markup {
             @if let Some(slot) = &s.slot {
                 dt { "slot" } dd {
                     (slot.name) " on " (slot.shard) ": keeps " (bytes(slot.retained_wal_bytes))
-                    " of WAL" @if !slot.active { " (not streaming)" }
+                    " of WAL"
+                    @if let Some(lag) = slot.lag_bytes { ", " (bytes(lag)) " behind" }
+                    @if !slot.active { " (not streaming)" }
                 }
             }
             @if let Some(e) = &m.last_error { dt { "last error" } dd.error { (e) } }
@@ -438,12 +503,18 @@ pub fn move_detail(base: &str, s: &MoveStatus, actions: bool) -> Markup {
     }
 }
 
-/// A tenant: where it is, where it was at `at` (when asked), its history and its moves.
+/// What the tenant page says of the tenant's rows: its shard and each table's rows and bytes
+/// there, none without an entry, or why they could not be counted.
+pub type Tables = Result<Option<(String, Vec<TableSize>)>, String>;
+
+/// A tenant: where it is, where it was at `at` (when asked), its rows and bytes per table on its
+/// shard, its history and its moves.
 pub fn tenant(
     base: &str,
     key: &EntityKey,
     placement: Option<&Placement>,
     at: Option<(&str, Option<&str>)>,
+    tables: &Tables,
     history: &[HistoryRow],
     moves: &[MoveRecord],
 ) -> Markup {
@@ -463,6 +534,25 @@ pub fn tenant(
         @if let Some((when, shard)) = at {
             p.at { "At " (when) ": " @match shard { Some(s) => strong { (s) }, None => "no entry" } }
         }
+        @match tables {
+            Ok(Some((shard, sizes))) => {
+                h2 { "Rows on " (shard) }
+                table #tables {
+                    thead { tr { th { "table" } th { "rows" } th { "bytes" } } }
+                    tbody {
+                        @for t in sizes {
+                            tr data-table=(t.table) {
+                                td { (t.table) }
+                                td.n.rows data-rows=(t.rows) { (t.rows) }
+                                td.n.bytes data-bytes=(t.bytes) { (bytes(t.bytes)) }
+                            }
+                        }
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(why) => { h2 { "Rows" } p.error { "Its rows could not be counted: " (why) } }
+        }
         h2 { "History" }
         ol.timeline {
             @for h in history {
@@ -476,13 +566,22 @@ pub fn tenant(
             }
         }
         h2 { "Moves" }
-        (moves_rows(base, moves, "It was never moved."))
+        (moves_rows(base, moves, None, "It was never moved."))
+    }
+}
+
+/// A batch's page: its section, which the script keeps live from the batch's events.
+pub fn batch(base: &str, b: &BatchStatus, actions: bool) -> Markup {
+    html! {
+        section #batch data-events={ (base) "/batches/" (b.batch_id) "/events" } data-event="batch" {
+            (batch_section(base, b, actions))
+        }
     }
 }
 
 /// A batch: its plan's purpose, state and each planned move's phase; with `actions`, what may
-/// be asked of it.
-pub fn batch(base: &str, b: &BatchStatus, actions: bool) -> Markup {
+/// be asked of it. What a batch's watchers are sent on each change.
+pub fn batch_section(base: &str, b: &BatchStatus, actions: bool) -> Markup {
     let offered: &[&str] = match b.state {
         BatchState::Running => &["pause", "abort"],
         BatchState::Paused => &["resume", "abort"],
@@ -496,7 +595,7 @@ pub fn batch(base: &str, b: &BatchStatus, actions: bool) -> Markup {
                 }
             }
         }
-        dl {
+        dl data-state=(b.state.as_str()) {
             dt { "plan" } dd { (b.purpose) }
             dt { "state" } dd.state { (b.state.as_str()) }
             dt { "at once" } dd { (b.parallel) " (" (b.per_shard) " per shard)" }
@@ -506,7 +605,7 @@ pub fn batch(base: &str, b: &BatchStatus, actions: bool) -> Markup {
             thead { tr { th { "entity" } th { "from" } th { "to" } th { "move" } th { "phase" } } }
             tbody {
                 @for m in &b.moves {
-                    tr {
+                    tr data-entity={ (m.planned.entity_type) "/" (m.planned.entity_id) } data-phase=(m.phase) {
                         td { (m.planned.entity_type) "/" (m.planned.entity_id) }
                         td { (m.planned.from) } td { (m.planned.to) }
                         td { @if let Some(id) = m.move_id { a href={ (base) "/moves/" (id) } { (id) } } }
