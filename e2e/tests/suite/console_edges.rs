@@ -862,6 +862,73 @@ async fn a_hundred_pages_asked_before_the_first_read_show_the_move_over_one_sess
     );
 }
 
+/// A read held up by a lock on `shard_moves` (a long DDL or a VACUUM FULL of the table) costs
+/// the directory one console session, also once the session gave up on that read and connected
+/// again (written by an attack on the change: the backend of each read given up stayed, waiting
+/// on the lock, a second console session 10.4 s in and a third at 21 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_held_up_by_a_lock_leaves_one_console_session_however_often_it_is_tried() {
+    let t = Topology::start("console-held-sessions").await;
+    let mut holder = t.dba().await;
+    let lock = lock_table(&mut holder, "shard_moves").await;
+    let console = Console::start(&t, "", &[]).await;
+    console_waits_on_a_lock(&t).await;
+    let started = std::time::Instant::now();
+    // Three of the session's tries (each given up within 10 s).
+    let two = shard_directory_e2e::within(Duration::from_secs(25), || async {
+        let n = console_sessions(&t).await;
+        (n > 1).then(|| (n, started.elapsed()))
+    })
+    .await;
+    let held = console.get("/moves").await;
+    lock.rollback().await.unwrap();
+    assert_eq!(two, None, "(console sessions, seen after)");
+    assert!(
+        held.body.contains("The moves have not been read yet."),
+        "the premise, no read through the lock: {}",
+        held.body
+    );
+    shard_directory_e2e::eventually(
+        "a read once the lock went",
+        Duration::from_secs(30),
+        || async {
+            let moves = console.get("/moves").await.body;
+            (!moves.contains("not been read") && !moves.contains("session is down")).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(console_sessions(&t).await, 1, "console sessions once read");
+}
+
+/// The directory bounds lock waits (`lock_timeout = 15s`) and a migration holds
+/// `shard_directory.shards`: the fleet page's read fails late, is tried again without load, and
+/// answers within its 20 s bound (written by an attack on the change: the second try had a
+/// bound of its own, and the page came after 30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_page_answers_within_its_bound_when_its_read_fails_late() {
+    let t = Topology::start("console-fleet-late").await;
+    t.add_tenant("l1", "shard_1").await;
+    let console = Console::start(&t, "", &[]).await;
+    assert_eq!(console.get("/").await.status, 200);
+    let dba = t.dba().await;
+    dba.batch_execute("ALTER DATABASE directory SET lock_timeout = '15s'")
+        .await
+        .unwrap();
+    let mut holder = t.dba().await;
+    let lock = lock_table(&mut holder, "shards").await;
+    let started = std::time::Instant::now();
+    let page = get_within(&console, "/", Duration::from_secs(60)).await;
+    let took = started.elapsed();
+    lock.rollback().await.unwrap();
+    let page = page.unwrap_or_else(|e| panic!("/ after {took:?}: {e}"));
+    assert!(
+        took <= Duration::from_secs(21) && page.status >= 500,
+        "the fleet page answered {} after {took:?} (bound: 20 s): {}",
+        page.status,
+        said(&page)
+    );
+}
+
 /// A move of another entity type with the same id is not shown on this tenant's page.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_move_of_another_entity_type_with_the_same_id_is_not_on_the_tenants_page() {

@@ -30,6 +30,12 @@ const IDLE_READ: Duration = Duration::from_secs(5);
 /// that accepts connections and answers nothing).
 const READ_WITHIN: Duration = Duration::from_secs(10);
 
+/// How long each statement of the session may run on the directory (`statement_timeout`):
+/// less than [`READ_WITHIN`], so that a statement held up (by a lock on the moves, say) is
+/// ended by the directory before the session gives up on it. A statement left waiting there
+/// keeps its backend, a second console session beside the next, one more at each try.
+const STATEMENT_WITHIN: Duration = Duration::from_secs(9);
+
 /// How long a page asked for before the session's first read waits for it: well inside a
 /// page's own bound, so that a directory that answers nothing still gets the page an answer
 /// (saying the moves were not read) long before the browser gives up.
@@ -146,7 +152,11 @@ async fn session(
         Ok(Err(ConnectError::Db(e))) => return format!("connect: directory: {}", describe(&e)),
         Err(_) => return format!("connect: directory: no answer within {READ_WITHIN:?}"),
     };
-    let listen = format!("LISTEN {}", MOVES_CHANNEL.as_str());
+    let listen = format!(
+        "SET statement_timeout = {}; LISTEN {}",
+        STATEMENT_WITHIN.as_millis(),
+        MOVES_CHANNEL.as_str()
+    );
     match tokio::time::timeout(READ_WITHIN, client.batch_execute(&listen)).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => return format!("LISTEN: {}", describe(&e)),

@@ -388,13 +388,14 @@ async fn fleet(
     };
     // A shard of extension 0.1.0 has no entity_stats(): the fleet without load, then. Sizes
     // measured now are not kept (a GET changes nothing).
-    let seen = async {
-        match within(c.mover.fleet_as_seen(true)).await {
-            Err(Problem::Slow) => Err(Problem::Slow),
-            Err(_) => within(c.mover.fleet_as_seen(false)).await,
+    // Both tries within one page's bound: a first that fails late leaves the second only
+    // what is left.
+    let seen = within(async {
+        match c.mover.fleet_as_seen(true).await {
+            Err(_) => c.mover.fleet_as_seen(false).await,
             seen => seen,
         }
-    };
+    });
     // The wait for the live session's first read runs beside the fleet's read, not after it.
     let (fleet, live) = tokio::join!(seen, c.live.read());
     let fleet = match fleet {
