@@ -1,9 +1,8 @@
 //! The console's one directory session: it LISTENs on `shard_directory_moves` and reads the
 //! moves and batches again on every phase change (and every second while a move is open, for
 //! its progress, with the slots' lag read on a session per source shard, or a batch runs;
-//! every 5 s otherwise), and every page that
-//! watches is sent the same snapshot, rendered once. However many browsers watch, the directory
-//! sees this one session.
+//! every 5 s otherwise), and every page that watches is sent the same snapshot, rendered once.
+//! However many browsers watch, the directory sees this one session.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};

@@ -254,9 +254,9 @@ async fn within<T>(read: impl Future<Output = Result<T, Error>>) -> Result<T, Pr
     }
 }
 
-/// A page, or an error page with the status that says why: 404 an unknown move or batch, 400 input the
-/// server refused (SQLSTATE class 22: a time that is not one, a NUL), 504 no answer in time,
-/// 502 any other failure of the directory or a shard.
+/// A page, or an error page with the status that says why: 404 an unknown move or batch, 400
+/// input the server refused (SQLSTATE class 22: a time that is not one, a NUL), 504 no answer
+/// in time, 502 any other failure of the directory or a shard.
 fn answer(c: &Console, title: &str, made: Result<Markup, Problem>) -> Response {
     let (status, message) = match made {
         Ok(body) => return pages::page(&c.base, title, body).into_response(),
@@ -387,9 +387,8 @@ async fn fleet(
         Err(message) => return bad(message),
     };
     // A shard of extension 0.1.0 has no entity_stats(): the fleet without load, then. Sizes
-    // measured now are not kept (a GET changes nothing).
-    // Both tries within one page's bound: a first that fails late leaves the second only
-    // what is left.
+    // measured now are not kept (a GET changes nothing). Both tries run within one page's
+    // bound: a first that fails late leaves the second only what is left.
     let seen = within(async {
         match c.mover.fleet_as_seen(true).await {
             Err(_) => c.mover.fleet_as_seen(false).await,
